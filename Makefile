@@ -1,0 +1,16 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+.PHONY: demo test test-fast lint-rules bench dashboards rules
+
+demo:
+	scripts/bootstrap.sh demo
+	.venv/bin/mfotel demo
+
+test:
+	scripts/bootstrap.sh test
+	.venv/bin/python -m pytest -q
+
+test-fast:
+	.venv/bin/python -m pytest -q -m "not slow"
+
+bench:
+	.venv/bin/python benchmarks/run_all.py

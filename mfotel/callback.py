@@ -1,0 +1,310 @@
+"""OTelMonitor: the MindSpore training callback (the only core module importing MindSpore).
+
+    from mfotel import OTelMonitor
+    model.train(epochs, dataset, callbacks=[OTelMonitor.from_yaml("train.yaml")])
+    # or: OTelMonitor(step_interval=50, metrics=["loss", "learning_rate"], log_rank=0)
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from mindspore.train import Callback
+
+from . import contract
+from .config import ALIASES, MonitorConfig, check_writable, load_config, parse_config
+from .extract import StepOutputs, is_finite, parse_net_outputs, to_float
+from .identity import RankIdentity, identity_from_env
+from .instruments import Instruments
+from .sinks import ConsoleSink, FileSink, format_json, format_line
+from .telemetry import Telemetry
+
+log = logging.getLogger("mfotel")
+DEFAULT_JOB_NAME = "mindformers"
+
+
+def _identity_after_init() -> RankIdentity:
+    """Environment identity, corrected by MindSpore's communication layer once init() ran."""
+    identity = identity_from_env()
+    try:
+        from mindspore.communication import get_group_size, get_local_rank, get_rank
+        return dataclasses.replace(identity, rank=get_rank(), local_rank=get_local_rank(),
+                                   world_size=get_group_size())
+    except Exception:  # noqa: BLE001 - not initialised: a single process
+        return identity
+
+
+class LearningRateReader:
+    """The learning rate a step actually used (get_lr() already returns the next step's)."""
+
+    def __init__(self) -> None:
+        self._table: Any = None
+
+    def __call__(self, optimizer: Any) -> float | None:
+        if optimizer is None:
+            return None
+        lr = optimizer.learning_rate
+        if getattr(optimizer, "is_group_lr", False):
+            lr = lr[0]
+        if not getattr(optimizer, "dynamic_lr", False):
+            return to_float(lr)
+        used_step = max(int(to_float(optimizer.global_step)) - 1, 0)
+        table = getattr(lr, "learning_rate", None)  # list lr: _IteratorLearningRate
+        if table is not None and getattr(table, "ndim", 0) == 1:
+            if self._table is None:
+                self._table = table.asnumpy()
+            return float(self._table[min(used_step, len(self._table) - 1)])
+        from mindspore import Tensor, int32
+        return to_float(lr(Tensor(used_step, int32)))
+
+
+class OTelMonitor(Callback):
+    """Exports a MindSpore training run as OpenTelemetry metrics and `[Monitor]` lines.
+
+    Keyword arguments are the `monitor_config` keys (README, Configuration). Failures inside the
+    callback never reach training: they are counted in `mfotel_export_errors_total{stage}` and
+    warned about once.
+    """
+
+    def __init__(self, config: MonitorConfig | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        if config is not None and kwargs:
+            raise TypeError("pass either a MonitorConfig or keyword arguments, not both")
+        self.config = config or parse_config(kwargs, source="OTelMonitor(...)", prefix="OTelMonitor")
+        self.job_name = self.config.job_name or DEFAULT_JOB_NAME
+        self.identity = identity_from_env()
+        check_writable(self.config, self.identity.rank, self.job_name)
+        self.telemetry: Telemetry | None = None
+        self.instruments: Instruments | None = None
+        self.sinks: list[tuple[Any, bool]] = []  # (sink, json?)
+        self.file_path: Path | None = None
+        self._lr = LearningRateReader()
+        self._warned: set[str] = set()
+        self._batch_size: int | None = self.config.batch_size
+        self._total_steps: int | None = None
+        self._last_step = 0
+        self._step_begin: float | None = None
+        self._last_end: float | None = None
+        self._record_time: float | None = None
+        self._record_samples = 0
+        self._stopped = False
+        self._closed = False
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> "OTelMonitor":
+        """From a YAML file's `monitor_config` block; keyword arguments override its keys."""
+        cfg = load_config(path)
+        if overrides:
+            given = parse_config(overrides, source="from_yaml overrides")
+            cfg = dataclasses.replace(cfg, **{ALIASES.get(k, k): getattr(given, ALIASES.get(k, k))
+                                              for k in overrides})
+        return cls(cfg)
+
+    # ------------------------------------------------------------------ helpers
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
+    def _count_error(self, stage: str, exc: BaseException) -> None:
+        if self.instruments is not None:
+            self.instruments.count_error(stage)
+        self._warn_once(f"error:{stage}", f"mfotel: {stage} failed ({type(exc).__name__}: {exc}); "
+                        f"training continues, further failures are counted in "
+                        f"mfotel_export_errors_total{{stage=\"{stage}\"}}")
+
+    # ------------------------------------------------------------------ MindSpore hooks
+    def on_train_begin(self, run_context: Any) -> None:
+        if not self.config.enable:
+            return
+        cb = run_context.original_args()
+        self.identity = _identity_after_init()
+        self._start(cb)
+
+    def _start(self, cb: Any) -> None:
+        cfg, ident = self.config, self.identity
+        self.telemetry = Telemetry(cfg, ident, self.job_name, on_error=self._on_telemetry_error)
+        meter = self.telemetry.start()
+        self.instruments = Instruments(meter, {"job_name": self.job_name, "rank": str(ident.rank)},
+                                       cfg.metrics, ident.labels())
+        self.telemetry.serve()
+        self._open_sinks()
+        self._read_run_shape(cb)
+        where = self.telemetry.endpoint.url if self.telemetry.endpoint else "off"
+        log.info("mfotel: job %s rank %d/%d, /metrics %s", self.job_name, ident.rank,
+                 ident.world_size, where)
+        atexit.register(self.close)
+
+    def _on_telemetry_error(self, stage: str) -> None:
+        if self.instruments is not None:
+            self.instruments.count_error(stage)
+
+    def _open_sinks(self) -> None:
+        cfg, rank = self.config, self.identity.rank
+        if not cfg.logs_on(rank):
+            return
+        if cfg.output.console:
+            self.sinks.append((ConsoleSink(), False))
+        if cfg.output.file:
+            self.file_path = check_writable(cfg, rank, self.job_name)
+            assert self.file_path is not None
+            if (cfg.log_rank is None or len(cfg.log_rank) > 1) and "{rank}" not in cfg.output.file_path:
+                self._warn_once("shared-file", f"mfotel: several ranks log to one file "
+                                f"{self.file_path}; add {{rank}} to output.file_path")
+            self.sinks.append((FileSink(self.file_path), cfg.output.format == "json"))
+            print(f"mfotel: rank {rank} writes monitor lines to {self.file_path}", flush=True)
+
+    def _read_run_shape(self, cb: Any) -> None:
+        cfg, ident = self.config, self.identity
+        epochs, per_epoch = getattr(cb, "epoch_num", None), getattr(cb, "batch_num", None)
+        if isinstance(epochs, int) and isinstance(per_epoch, int) and epochs * per_epoch > 0:
+            self._total_steps = epochs * per_epoch
+            if cfg.step_interval > self._total_steps:
+                self._warn_once("interval", f"mfotel: step_interval {cfg.step_interval} is larger "
+                                f"than the run's {self._total_steps} steps: seed metrics will never "
+                                f"be recorded. Fix: lower monitor_config.step_interval")
+        if cfg.log_rank is not None and all(r >= ident.world_size for r in cfg.log_rank):
+            self._warn_once("log_rank", f"mfotel: log_rank {list(cfg.log_rank)} is outside the "
+                            f"world size {ident.world_size}: no rank writes monitor lines. "
+                            f"Fix: use a rank below {ident.world_size} or -1")
+        if self._batch_size is None:
+            dataset = getattr(cb, "train_dataset", None)
+            try:
+                self._batch_size = int(dataset.get_batch_size()) if dataset is not None else None
+            except Exception:  # noqa: BLE001 - some datasets cannot tell
+                self._batch_size = None
+        if "throughput" in cfg.metrics and not self._batch_size:
+            self._warn_once("batch", "mfotel: throughput needs the batch size, which this run "
+                            "does not report. Fix: set monitor_config.batch_size")
+
+    def on_train_step_begin(self, run_context: Any) -> None:
+        self._step_begin = time.perf_counter()
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        if self.instruments is None:
+            return
+        try:
+            self._step_end(run_context)
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            self._count_error("callback", exc)
+
+    def on_train_end(self, run_context: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ step logic
+    def _step_end(self, run_context: Any) -> None:
+        wall, now = time.time(), time.perf_counter()
+        cb = run_context.original_args()
+        step = int(cb.cur_step_num)
+        advanced = max(step - self._last_step, 1)
+        begin = self._step_begin if self._step_begin is not None else self._last_end
+        step_seconds = (now - begin) / advanced if begin is not None else None
+        if self._record_time is None:
+            self._record_time = begin if begin is not None else now
+        try:
+            out = parse_net_outputs(cb.net_outputs)
+        except Exception as exc:  # noqa: BLE001
+            self._count_error("extract", exc)
+            out = StepOutputs()
+        st = self.instruments.state
+        st.status = contract.STATUS_RUNNING
+        st.step, st.steps, st.last_step_timestamp = step, st.steps + advanced, wall
+        st.epoch = int(getattr(cb, "cur_epoch_num", 0) or 0)
+        if self._total_steps:
+            st.progress = min(step / self._total_steps, 1.0)
+        self._health(step, out)
+        if step_seconds is not None:
+            self.instruments.record_step_seconds(step_seconds)
+        if self._batch_size:
+            samples = self._batch_size * advanced
+            st.samples = (st.samples or 0) + samples
+            if self.config.seq_length:
+                st.tokens = (st.tokens or 0) + samples * self.config.seq_length
+            self._record_samples += samples
+        if self._crossed_record_step(step):
+            self._record(step, st.epoch, cb, out, step_seconds, now)
+        if not is_finite(out.loss) and self.config.on_nonfinite == "stop" and not self._stopped:
+            self._stopped = True
+            run_context.request_stop()
+            log.warning("mfotel: stopping the run after step %d (on_nonfinite: stop)", step)
+        self._last_step, self._last_end, self._step_begin = step, now, None
+
+    def _crossed_record_step(self, step: int) -> bool:
+        return any(self.config.is_record_step(s) for s in range(self._last_step + 1, step + 1))
+
+    def _health(self, step: int, out: StepOutputs) -> None:
+        st = self.instruments.state
+        if out.loss is not None:
+            finite = math.isfinite(out.loss)
+            st.loss_finite = int(finite)
+            if not finite:
+                st.nonfinite["loss"] += 1
+                if st.first_nonfinite_step is None:
+                    st.first_nonfinite_step = step
+                self._warn_once("nonfinite", f"mfotel: loss is {out.loss} at step {step} on rank "
+                                f"{self.identity.rank} (job {self.job_name}); see "
+                                f"mindformers_train_nonfinite_total")
+        if not is_finite(out.grad_norm):
+            st.nonfinite["grad_norm"] += 1
+        if out.overflow is not None:
+            st.overflow = (st.overflow or 0) + int(out.overflow)
+        if out.loss_scale is not None and math.isfinite(out.loss_scale):
+            st.loss_scale = out.loss_scale
+
+    def _record(self, step: int, epoch: int, cb: Any, out: StepOutputs,
+                step_seconds: float | None, now: float) -> None:
+        st, values = self.instruments.state, {}
+        for metric in self.config.metrics:
+            if metric == "loss":
+                value = out.loss
+            elif metric == "learning_rate":
+                value = out.learning_rate
+                if value is None:
+                    value = self._lr(cb.optimizer or getattr(cb.train_network, "optimizer", None))
+            elif metric == "grad_norm":
+                value = out.grad_norm
+            elif metric == "throughput":
+                elapsed = now - (self._record_time or now)
+                value = self._record_samples / elapsed if self._batch_size and elapsed > 0 else None
+            else:
+                value = step_seconds
+            values[metric] = value
+            if value is not None and math.isfinite(value) and metric != "step_time":
+                setattr(st, metric, value)
+        self._record_time, self._record_samples = now, 0
+        self._write_lines(step, epoch, values)
+
+    def _write_lines(self, step: int, epoch: int, values: dict[str, float | None]) -> None:
+        if not self.sinks:
+            return
+        text = format_line(step, values)
+        for sink, as_json in self.sinks:
+            try:
+                sink.write(format_json(step, epoch, self.identity.rank, self.job_name, values)
+                           if as_json else text)
+            except Exception as exc:  # noqa: BLE001 - a full disk must not stop training
+                self._count_error("sink", exc)
+
+    # ------------------------------------------------------------------ end
+    def close(self) -> None:
+        """Final status, linger (if configured), stop the endpoint and flush; idempotent."""
+        if self._closed or self.instruments is None or self.telemetry is None:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        st = self.instruments.state
+        completed = not self._stopped and (self._total_steps is None or self._last_step >= self._total_steps)
+        st.status = contract.STATUS_COMPLETED if completed else contract.STATUS_FAILED
+        linger = self.config.prometheus.linger_seconds
+        if linger and self.telemetry.endpoint is not None:
+            log.info("mfotel: keeping /metrics up for %.0f s", linger)
+            time.sleep(linger)
+        for sink, _ in self.sinks:
+            if isinstance(sink, FileSink):
+                sink.close()
+        self.telemetry.shutdown()

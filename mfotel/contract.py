@@ -1,0 +1,106 @@
+"""The metric contract: every instrument mfotel exposes, in one table (DESIGN.md section 4).
+
+OTel names are dotted with the unit in the unit field; the Prometheus exporter derives the
+exposed name (unit suffix, `_total` on counters). `prometheus_name` is what a scrape shows and
+is pinned by tests/test_contract_golden.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["gauge", "counter", "histogram"]
+
+#: Label keys on every series. Never `job`/`instance`: Prometheus renames those.
+COMMON_LABELS: tuple[str, ...] = ("job_name", "rank")
+
+#: Seed metric names accepted in `monitor_config.metrics`.
+SEED_METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput", "step_time")
+
+#: Step-time histogram buckets, seconds (10 ms .. 10 min: CPU toy steps to pipeline steps).
+STEP_TIME_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+#: Values of `mindformers_train_status`.
+STATUS_INITIALISING, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    key: str                 # short name used in code
+    otel_name: str
+    unit: str
+    kind: Kind
+    description: str
+    prometheus_name: str     # as exposed (counters without the `_total` sample suffix)
+    labels: tuple[str, ...] = ()   # extra label keys beyond COMMON_LABELS
+    seed_metric: str | None = None  # gated by monitor_config.metrics; None = always on
+
+    @property
+    def sample_name(self) -> str:
+        """The sample name in the text exposition (`_total` for counters)."""
+        return self.prometheus_name + ("_total" if self.kind == "counter" else "")
+
+
+def _m(key: str, otel: str, unit: str, kind: Kind, prom: str, description: str,
+       labels: tuple[str, ...] = (), seed: str | None = None) -> MetricSpec:
+    return MetricSpec(key, otel, unit, kind, description, prom, labels, seed)
+
+
+CONTRACT: tuple[MetricSpec, ...] = (
+    # seed metrics, recorded every step_interval steps when selected
+    _m("loss", "mindformers.train.loss", "1", "gauge", "mindformers_train_loss",
+       "Training loss of the last recorded step (last finite value; see loss_finite)",
+       seed="loss"),
+    _m("learning_rate", "mindformers.train.learning_rate", "1", "gauge",
+       "mindformers_train_learning_rate", "Learning rate used by the last recorded step",
+       seed="learning_rate"),
+    _m("grad_norm", "mindformers.train.grad_norm", "1", "gauge", "mindformers_train_grad_norm",
+       "Global L2 norm of the gradients of the last recorded step", seed="grad_norm"),
+    _m("throughput", "mindformers.train.throughput.samples", "{sample}/s", "gauge",
+       "mindformers_train_throughput_samples_per_second",
+       "Samples per second over the last recording interval", seed="throughput"),
+    _m("samples", "mindformers.train.samples", "{sample}", "counter",
+       "mindformers_train_samples", "Samples processed by this rank", seed="throughput"),
+    _m("tokens", "mindformers.train.tokens", "{token}", "counter", "mindformers_train_tokens",
+       "Tokens processed by this rank (needs the sequence length)", seed="throughput"),
+    _m("step_duration", "mindformers.train.step.duration", "s", "histogram",
+       "mindformers_train_step_duration_seconds", "Wall time of one training step",
+       seed="step_time"),
+    # health signals, every step
+    _m("step", "mindformers.train.step", "{step}", "gauge", "mindformers_train_step",
+       "Last completed global step"),
+    _m("steps", "mindformers.train.steps", "{step}", "counter", "mindformers_train_steps",
+       "Steps completed by this process"),
+    _m("last_step_timestamp", "mindformers.train.last_step.timestamp", "s", "gauge",
+       "mindformers_train_last_step_timestamp_seconds",
+       "Unix time of the last completed step"),
+    _m("loss_finite", "mindformers.train.loss_finite", "1", "gauge",
+       "mindformers_train_loss_finite", "1 if the last loss was finite, 0 if NaN or Inf"),
+    _m("nonfinite", "mindformers.train.nonfinite", "{step}", "counter",
+       "mindformers_train_nonfinite", "Steps where `metric` was NaN or Inf",
+       labels=("metric",)),
+    _m("overflow", "mindformers.train.overflow", "{step}", "counter",
+       "mindformers_train_overflow", "Loss-scale overflow steps"),
+    _m("loss_scale", "mindformers.train.loss_scale", "1", "gauge",
+       "mindformers_train_loss_scale", "Current loss scale"),
+    _m("epoch", "mindformers.train.epoch", "{epoch}", "gauge", "mindformers_train_epoch",
+       "Current epoch"),
+    _m("progress", "mindformers.train.progress.ratio", "1", "gauge",
+       "mindformers_train_progress_ratio", "Completed fraction of the run, 0..1"),
+    _m("status", "mindformers.train.status", "1", "gauge", "mindformers_train_status",
+       "0 initialising, 1 running, 2 completed, 3 failed or stopped"),
+    _m("first_nonfinite_step", "mindformers.train.first_nonfinite_step", "{step}", "gauge",
+       "mindformers_train_first_nonfinite_step", "Step at which the loss first went NaN/Inf"),
+    _m("rank_info", "mindformers.train.rank_info", "1", "gauge", "mindformers_train_rank_info",
+       "Identity of this rank, for joins with device exporters (value 1)",
+       labels=("local_rank", "node", "device_id", "host", "world_size")),
+    _m("export_errors", "mfotel.export.errors", "{error}", "counter", "mfotel_export_errors",
+       "Errors swallowed by mfotel to protect training", labels=("stage",)),
+)
+
+BY_KEY: dict[str, MetricSpec] = {spec.key: spec for spec in CONTRACT}
+
+
+def spec(key: str) -> MetricSpec:
+    return BY_KEY[key]

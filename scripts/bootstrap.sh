@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Install what mfotel needs into ./.venv (idempotent). Usage: scripts/bootstrap.sh [demo|test]
+#   demo: the package with MindSpore (CPU)
+#   test: everything: mindformers, dev tools, and Debian's prometheus + alertmanager binaries
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-test}"
+python="${PYTHON:-python3}"
+
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+    .venv/bin/pip install --quiet --upgrade pip
+fi
+
+extras="mindspore"
+[ "$mode" = "test" ] && extras="mindspore,mindformers,dev,plot,otlp"
+stamp=".venv/.mfotel-$mode-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+    echo "bootstrap: installing mfotel[$extras] into .venv (MindSpore is ~800 MB; pip caches it)"
+    .venv/bin/pip install --quiet -e ".[$extras]"
+    touch "$stamp"
+fi
+
+if [ "$mode" = "test" ]; then
+    missing=()
+    command -v promtool >/dev/null || missing+=(prometheus)
+    { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null || missing+=(prometheus-alertmanager)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "bootstrap: installing Debian packages: ${missing[*]}"
+        sudo=""
+        [ "$(id -u)" -ne 0 ] && sudo="sudo"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    # the Debian packages start system services on the default ports; tests use their own
+    for unit in prometheus prometheus-alertmanager prometheus-node-exporter; do
+        { command -v systemctl >/dev/null && systemctl stop "$unit"; } >/dev/null 2>&1 || true
+    done
+fi
