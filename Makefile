@@ -1,5 +1,5 @@
 # The two set-up commands of the README: `make demo` and `make test`.
-.PHONY: demo test test-fast lint-rules bench dashboards rules
+.PHONY: demo test test-fast bench dashboards
 
 demo:
 	scripts/bootstrap.sh demo
@@ -14,3 +14,6 @@ test-fast:
 
 bench:
 	.venv/bin/python benchmarks/run_all.py
+
+dashboards:
+	.venv/bin/mfotel dashboards --out grafana/dashboards

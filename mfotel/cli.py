@@ -37,6 +37,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     overrides: dict[str, Any] = {"metrics": args.metrics, "on_nonfinite": args.on_nonfinite,
                                  "log_rank": args.log_rank}
+    if args.seq_length:
+        overrides["seq_length"] = args.seq_length
     if args.file_path:
         overrides["output"] = {"console": True, "file": True, "file_path": args.file_path,
                                "format": args.format}
@@ -80,6 +82,12 @@ class _LastScrape:
         return LastScrape()
 
 
+def cmd_dashboards(args: argparse.Namespace) -> int:
+    """Regenerate the Grafana dashboards (or --check that the checked-in ones are current)."""
+    from .dashboards.build import main as build_main
+    return build_main(["--out", args.out] + (["--check"] if args.check else []))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mfotel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--linger-seconds", type=float, default=0.0,
                       help="keep /metrics up this long after the end")
     demo.add_argument("--batch-size", type=int, default=8)
+    demo.add_argument("--seq-length", type=int, default=None,
+                      help="tokens per sample, enables mindformers_train_tokens_total")
     demo.add_argument("--lr-schedule", choices=("constant", "list", "cosine"), default="cosine")
     demo.add_argument("--step-sleep", type=float, default=0.05,
                       help="extra seconds per step, so the run lasts long enough to watch")
@@ -107,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--file-path", default=None, help="also write monitor lines to this file")
     demo.add_argument("--format", choices=("text", "json"), default="text")
     demo.set_defaults(func=cmd_demo)
+
+    dashboards = sub.add_parser("dashboards", help="generate the Grafana dashboards JSON")
+    dashboards.add_argument("--out", default="grafana/dashboards")
+    dashboards.add_argument("--check", action="store_true", help="exit 1 if the files are stale")
+    dashboards.set_defaults(func=cmd_dashboards)
     return parser
 
 

@@ -1,0 +1,16 @@
+"""Grafana dashboards as code: declarative panel modules, one per dashboard.
+
+    from mfotel.dashboards import write_dashboards
+    write_dashboards("grafana/dashboards")
+
+Rendering needs grafana-foundation-sdk (a dev dependency); the definitions do not.
+"""
+from __future__ import annotations
+
+from .build import DASHBOARDS, main, render_all, write_dashboards
+from .common import DashboardSpec, Panel, Row, Target
+from .queries import PanelQuery, dashboard_queries, metric_names, substitute
+
+__all__ = ["DASHBOARDS", "DashboardSpec", "Panel", "PanelQuery", "Row", "Target",
+           "dashboard_queries", "main", "metric_names", "render_all", "substitute",
+           "write_dashboards"]

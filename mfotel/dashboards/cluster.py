@@ -1,0 +1,112 @@
+"""Cluster health: which ranks run, which are slow, which stalled, which diverge."""
+from __future__ import annotations
+
+from .common import ALERTS_ANNOTATION, JOB, RANK, DashboardSpec, Panel, Row, Target, sel
+
+_RATE = "[$__rate_interval]"
+_MEAN = "job_name_rank:mindformers_train_step_duration_seconds:mean1m"
+_MEDIAN = "job_name:mindformers_train_step_duration_seconds:rank_median1m"
+_SPREAD = "job_name:mindformers_train_step_duration_seconds:rank_spread1m"
+
+
+def _ranks_in(status: int, title: str, description: str) -> Panel:
+    # `== bool` keeps every rank (0 or 1), so the count is 0 rather than empty.
+    return Panel(title, "none", (Target(
+        f"sum by (job_name) ({sel('mindformers_train_status')} == bool {status})", JOB),),
+        kind="stat", width=6, height=5, description=description)
+
+
+def _deviation(metric: str) -> str:
+    """The rank's value minus the mean over all ranks of its job."""
+    return (f"{sel(metric)} - on (job_name) group_left () "
+            f"avg by (job_name) ({sel(metric, rank=False)})")
+
+
+ranks = Row("Ranks", (
+    _ranks_in(0, "Ranks initialising", "Before the first step (graph compilation)."),
+    _ranks_in(1, "Ranks running", "Ranks whose last report says running."),
+    _ranks_in(2, "Ranks completed", "Ranks that finished their run normally."),
+    _ranks_in(3, "Ranks failed or stopped", "Ranks that stopped early or failed."),
+    Panel("Ranks running over time", "none", (
+        Target(sel("job_name:mindformers_train_ranks_running:count", rank=False),
+               "{{job_name}} running"),
+    ), description="Ranks reporting status running (recording rule)."),
+    Panel("Scrape targets up", "none", (
+        Target("sum by (job) (up)", "{{job}} up"),
+        Target("sum by (job) (1 - up)", "{{job}} down"),
+    ), description="Prometheus scrape targets per scrape job (not filtered by the job "
+                   "variable: `up` carries the scrape job, not job_name)."),
+))
+
+stragglers = Row("Step time and stragglers", (
+    Panel("Median rank step time", "s", (
+        Target(sel(_MEDIAN, rank=False), "{{job_name}} median rank"),
+    ), width=6, description="Median over ranks of the per-rank mean step time, 1m window."),
+    Panel("Step-time spread", "percentunit", (
+        Target(sel(_SPREAD, rank=False), "{{job_name}} slowest / fastest"),
+    ), width=6, description="Mean step time of the slowest rank divided by the fastest's "
+                            "(100% = all equal), 1m window."),
+    Panel("Straggler ranking", "percentunit", (
+        Target(f"sort_desc(topk(10, {sel(_MEAN)} / on (job_name) group_left () "
+               f"{sel(_MEDIAN, rank=False)}))", RANK, instant=True),
+    ), kind="bargauge", description="Mean step time of the 10 slowest ranks relative to the "
+                                    "median rank (100% = median), 1m window."),
+    Panel("Mean step time per rank", "s", (Target(sel(_MEAN), RANK),),
+          description="Mean wall time of one step per rank, 1m window."),
+    Panel("p99 step time per rank", "s", (
+        Target(f"histogram_quantile(0.99, sum by (job_name, rank, le) "
+               f"(rate({sel('mindformers_train_step_duration_seconds_bucket')}{_RATE})))",
+               RANK),
+    ), description="From the step-time histogram buckets."),
+))
+
+stalls = Row("Stalls", (
+    Panel("Time since last step", "s", (
+        Target(f"time() - {sel('mindformers_train_last_step_timestamp_seconds')}", RANK),
+    ), description="Grows without bound on a stalled (or finished) rank."),
+    Panel("Steps per second", "suffix: steps/s", (
+        Target(f"rate({sel('mindformers_train_steps_total')}{_RATE})", RANK),
+    )),
+    Panel("Steps behind the leading rank", "none", (
+        Target(f"max by (job_name) ({sel('mindformers_train_step', rank=False)}) "
+               f"- on (job_name) group_right () {sel('mindformers_train_step')}", RANK),
+    ), description="Global step of the job's most advanced rank minus this rank's."),
+    Panel("Status per rank", "none", (Target(sel("mindformers_train_status"), RANK),),
+          min=0, max=3,
+          description="0 initialising, 1 running, 2 completed, 3 failed or stopped."),
+))
+
+divergence = Row("Divergence across ranks", (
+    Panel("Loss deviation from the job mean", "none",
+          (Target(_deviation("mindformers_train_loss"), RANK),)),
+    Panel("Grad norm deviation from the job mean", "none",
+          (Target(_deviation("mindformers_train_grad_norm"), RANK),)),
+    Panel("Loss finite per rank", "none",
+          (Target(sel("mindformers_train_loss_finite"), RANK),), min=0, max=1,
+          description="1 while the last loss was finite, 0 after a NaN/Inf loss."),
+    Panel("Non-finite steps per rank", "none", (
+        Target(f"max by (job_name, rank, metric) ({sel('mindformers_train_nonfinite_total')})",
+               "{{job_name}} rank {{rank}} {{metric}}"),
+    ), description="Steps since the start whose loss or grad norm was NaN/Inf."),
+))
+
+exporter = Row("mfotel exporter", (
+    Panel("Export errors", "none", (
+        Target(f"sum by (job_name, stage) "
+               f"(increase({sel('mfotel_export_errors_total')}{_RATE}))",
+               "{{job_name}} {{stage}}"),
+    ), description="Errors mfotel swallowed to protect training, by stage."),
+    Panel("Rank identity", "none", (
+        Target(sel("mindformers_train_rank_info"), instant=True),
+    ), kind="table", description="Labels that join a rank to its host and device exporters."),
+))
+
+DASHBOARD = DashboardSpec(
+    uid="mfotel-cluster-health",
+    title="MindFormers / Cluster health",
+    description="Ranks up and running, step-time spread and stragglers, stalls and per-rank "
+                "divergence of MindSpore / MindFormers training jobs.",
+    rows=(ranks, stragglers, stalls, divergence, exporter),
+    annotations=(ALERTS_ANNOTATION,),
+    tags=("mindformers", "cluster"),
+)
