@@ -8,8 +8,10 @@ from typing import Any, Sequence
 
 import yaml
 
+from .alerts_receiver import add_alerts_receiver_command
 from .config import ConfigError, describe, load_config
 from .contract import SEED_METRICS
+from .rules import add_rules_command
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -34,6 +36,8 @@ def _scrape(url: str) -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Train a tiny real network on the CPU with the monitor on and /metrics served."""
+    if args.with_alerting:
+        return _alerting_demo(args)
     from .demo import run_demo
     overrides: dict[str, Any] = {"metrics": args.metrics, "on_nonfinite": args.on_nonfinite,
                                  "log_rank": args.log_rank}
@@ -58,6 +62,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if excerpt:
         print("mfotel demo: /metrics at the last step (excerpt):")
         print("\n".join(excerpt))
+    return 0
+
+
+def _alerting_demo(args: argparse.Namespace) -> int:
+    """The demo plus real Prometheus + Alertmanager + receiver on loopback, and a NaN."""
+    from .alerting_demo import run_alerting_demo
+    try:
+        run_alerting_demo(steps=min(args.steps, 200), nan_at_step=args.nan_at_step or 20,
+                          port=args.port or None, job_name=args.job_name)
+    except (RuntimeError, FileNotFoundError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -116,7 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--log-rank", type=int, default=0)
     demo.add_argument("--file-path", default=None, help="also write monitor lines to this file")
     demo.add_argument("--format", choices=("text", "json"), default="text")
+    demo.add_argument("--with-alerting", action="store_true",
+                      help="also run Prometheus, Alertmanager and a receiver on loopback, inject "
+                           "a NaN and show the page arriving")
     demo.set_defaults(func=cmd_demo)
+    add_rules_command(sub)
+    add_alerts_receiver_command(sub)
 
     dashboards = sub.add_parser("dashboards", help="generate the Grafana dashboards JSON")
     dashboards.add_argument("--out", default="grafana/dashboards")

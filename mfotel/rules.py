@@ -1,0 +1,403 @@
+"""Prometheus alerting and recording rules for the metric contract, generated from Python.
+
+Monitoring-mixin style: thresholds and selectors live in `RulesConfig`, apart from the rules.
+The files in `prometheus/rules/` are the output of the defaults and are checked in;
+tests/test_rules.py checks that regenerating them changes nothing.
+
+    python -m mfotel.rules --out-dir prometheus/rules            # regenerate
+    python -m mfotel.rules --out-dir /tmp/r --set stall_seconds=1800 --set selector='cluster="a"'
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from .contract import STATUS_FAILED, STATUS_RUNNING
+
+ALERTS_FILE = "mindformers-alerts.yml"
+RECORDING_FILE = "mindformers-recording.yml"
+RUNBOOK_BASE_URL = "https://github.com/mfotel/mfotel/blob/main/prometheus/runbook.md"
+DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "prometheus" / "rules"
+
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    """Selectors and thresholds of the rules (the only knobs; the rules follow from them).
+
+    `selector` is added to every raw metric selector, e.g. `cluster="a"` or
+    `job=~"mindformers.*"`. Durations are Prometheus durations ("90s", "5m", "1h").
+    """
+
+    selector: str = ""
+    runbook_base_url: str = RUNBOOK_BASE_URL
+    # loss / grad norm not finite: look-back for the non-finite counters
+    nonfinite_window: str = "5m"
+    # stalled: no step for max(stall_seconds, stall_step_factor x mean step interval)
+    stall_seconds: int = 900
+    stall_step_factor: float = 10.0
+    step_interval_window: str = "1h"
+    stall_for: str = "2m"
+    # rank down: last status scraped within the look-back was "running" and the rank is gone
+    rank_down_lookback: str = "1h"
+    rank_down_for: str = "2m"
+    # a rank reported status 3 (failed/stopped) within the look-back
+    failed_lookback: str = "15m"
+    # spikes: last value above factor x its average over the window
+    loss_spike_factor: float = 1.5
+    loss_spike_window: str = "30m"
+    loss_spike_for: str = "2m"
+    grad_norm_spike_factor: float = 5.0
+    grad_norm_spike_window: str = "1h"
+    grad_norm_spike_for: str = "2m"
+    # throughput drop: step rate over `throughput_window` below ratio x the rate of the
+    # `throughput_baseline_window` before it
+    throughput_drop_ratio: float = 0.5
+    throughput_window: str = "5m"
+    throughput_baseline_window: str = "1h"
+    throughput_drop_for: str = "10m"
+    # straggler: a rank's mean step time above factor x the job's median over ranks
+    straggler_factor: float = 1.5
+    straggler_for: str = "10m"
+    # overflow storm: fraction of steps with a loss-scale overflow
+    overflow_storm_ratio: float = 0.5
+    overflow_window: str = "5m"
+    overflow_storm_for: str = "5m"
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith(("_window", "_for", "_lookback")) and not _DURATION.match(value):
+                raise ValueError(f"RulesConfig.{f.name}={value!r} is not a Prometheus "
+                                 "duration; use e.g. '90s', '5m', '1h'")
+            if f.name.endswith("_factor") and not value > 1:
+                raise ValueError(f"RulesConfig.{f.name}={value!r} must be > 1")
+            if f.name.endswith("_ratio") and not 0 < value < 1:
+                raise ValueError(f"RulesConfig.{f.name}={value!r} must be in (0, 1)")
+        if self.stall_seconds <= 0:
+            raise ValueError(f"RulesConfig.stall_seconds={self.stall_seconds!r} must be > 0")
+        if self.selector.strip().startswith("{") or self.selector.strip().endswith(","):
+            raise ValueError(f"RulesConfig.selector={self.selector!r}: give bare matchers "
+                             "without braces, e.g. 'cluster=\"a\"'")
+
+    def m(self, name: str, *matchers: str) -> str:
+        """`name{matchers, selector}`."""
+        parts = [*matchers, *([self.selector] if self.selector else [])]
+        return f"{name}{{{', '.join(parts)}}}" if parts else name
+
+    def runbook_url(self, alertname: str) -> str:
+        return f"{self.runbook_base_url}#{alertname.lower()}"
+
+
+# ---------------------------------------------------------------- recording rules
+STEP_QUANTILES = ("0.5", "0.9", "0.99")
+
+#: Recorded series names; dashboards depend on them.
+SAMPLES_RATE = "job_name:mindformers_train_samples:rate1m"
+TOKENS_RATE = "job_name:mindformers_train_tokens:rate1m"
+STEPS_RATE = "job_name:mindformers_train_steps:rate1m"
+STEP_MEAN = "job_name_rank:mindformers_train_step_duration_seconds:mean1m"
+STEP_QUANTILE = "job_name:mindformers_train_step_duration_seconds:quantile1m"
+STEP_RANK_MEDIAN = "job_name:mindformers_train_step_duration_seconds:rank_median1m"
+STEP_RANK_SPREAD = "job_name:mindformers_train_step_duration_seconds:rank_spread1m"
+RANKS_RUNNING = "job_name:mindformers_train_ranks_running:count"
+RANKS = "job_name:mindformers_train_ranks:count"
+
+
+def step_interval_record(cfg: RulesConfig) -> str:
+    return f"job_name_rank:mindformers_train_step_interval_seconds:mean{cfg.step_interval_window}"
+
+
+def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
+    m = cfg.m
+    dur = "mindformers_train_step_duration_seconds"
+    ts, steps = (m("mindformers_train_last_step_timestamp_seconds"),
+                 m("mindformers_train_steps_total"))
+    w = cfg.step_interval_window
+    throughput = [
+        {"record": SAMPLES_RATE,
+         "expr": f"sum by (job_name) (rate({m('mindformers_train_samples_total')}[1m]))"},
+        {"record": TOKENS_RATE,
+         "expr": f"sum by (job_name) (rate({m('mindformers_train_tokens_total')}[1m]))"},
+        {"record": STEPS_RATE,
+         "expr": f"avg by (job_name) (rate({steps}[1m]))"},
+    ]
+    step_time = [
+        {"record": STEP_MEAN,
+         "expr": (f"sum by (job_name, rank) (rate({m(dur + '_sum')}[1m]))\n"
+                  f"/\nsum by (job_name, rank) (rate({m(dur + '_count')}[1m]))")},
+        *({"record": STEP_QUANTILE,
+           "expr": f"histogram_quantile({q}, sum by (job_name, le) "
+                   f"(rate({m(dur + '_bucket')}[1m])))",
+           "labels": {"quantile": q}} for q in STEP_QUANTILES),
+        {"record": STEP_RANK_MEDIAN, "expr": f"quantile by (job_name) (0.5, {STEP_MEAN})"},
+        {"record": STEP_RANK_SPREAD,
+         "expr": f"max by (job_name) ({STEP_MEAN})\n/\nmin by (job_name) ({STEP_MEAN})"},
+        # Mean seconds between steps over the steps seen in the window. It ignores time after
+        # the last step, so a stall does not inflate it (0/0 = NaN once no step is in the window).
+        {"record": step_interval_record(cfg),
+         "expr": (f"sum by (job_name, rank) ({ts} - min_over_time({ts}[{w}]))\n"
+                  f"/\nsum by (job_name, rank) ({steps} - min_over_time({steps}[{w}]))")},
+    ]
+    ranks = [
+        {"record": RANKS_RUNNING,
+         "expr": f"count by (job_name) ({m('mindformers_train_status')} == {STATUS_RUNNING})"},
+        {"record": RANKS, "expr": f"count by (job_name) ({m('mindformers_train_status')})"},
+    ]
+    return [{"name": "mindformers-throughput.rules", "rules": throughput},
+            {"name": "mindformers-step-time.rules", "rules": step_time},
+            {"name": "mindformers-ranks.rules", "rules": ranks}]
+
+
+# ---------------------------------------------------------------- alerting rules
+def _alert(cfg: RulesConfig, name: str, expr: str, for_: str, severity: str, summary: str,
+           description: str) -> dict[str, Any]:
+    rule: dict[str, Any] = {"alert": name, "expr": expr}
+    if for_ not in ("0", "0s", "0m"):
+        rule["for"] = for_
+    rule["labels"] = {"severity": severity}
+    rule["annotations"] = {"summary": summary, "description": description,
+                           "runbook_url": cfg.runbook_url(name)}
+    return rule
+
+
+_WHO = "job {{ $labels.job_name }} rank {{ $labels.rank }}"
+
+
+def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
+    m = cfg.m
+    status = m("mindformers_train_status")
+    running = f"{status} == {STATUS_RUNNING}"
+    nf_loss = m("mindformers_train_nonfinite_total", 'metric="loss"')
+    nf_grad = m("mindformers_train_nonfinite_total", 'metric="grad_norm"')
+    ts = m("mindformers_train_last_step_timestamp_seconds")
+    steps = m("mindformers_train_steps_total")
+    loss, grad = m("mindformers_train_loss"), m("mindformers_train_grad_norm")
+    overflow = m("mindformers_train_overflow_total")
+    first_nf = ('{{ with printf "mindformers_train_first_nonfinite_step{job_name=\'%s\','
+                'rank=\'%s\'}" $labels.job_name $labels.rank | query }}'
+                ' First non-finite loss at step {{ . | first | value }}.{{ end }}')
+    health = [
+        _alert(cfg, "MindFormersLossNotFinite",
+               f"({m('mindformers_train_loss_finite')} == 0)\n"
+               f"or\n"
+               f"(sum without (metric) (increase({nf_loss}[{cfg.nonfinite_window}])) > 0)",
+               "0m", "critical", "Training loss is NaN or Inf.",
+               f"The loss of {_WHO} is not finite (NaN/Inf) or was within the last "
+               f"{cfg.nonfinite_window}; the run is diverging or its data/precision is "
+               f"broken.{first_nf}"),
+        _alert(cfg, "MindFormersGradNormNotFinite",
+               f"(sum without (metric) (increase({nf_grad}[{cfg.nonfinite_window}])) > 0)\n"
+               f"unless on (job_name, rank)\n"
+               f"(increase({overflow}[{cfg.nonfinite_window}]) > 0)",
+               "0m", "warning", "Gradient norm is NaN or Inf outside loss-scale overflows.",
+               f"The gradient global norm of {_WHO} was NaN/Inf on "
+               "about {{ $value | printf \"%.0f\" }} steps in the last "
+               f"{cfg.nonfinite_window} with no loss-scale overflow reported; the weights "
+               "are about to be poisoned."),
+        _alert(cfg, "MindFormersTrainingStalled",
+               f"(\n  (time() - {ts}) > {cfg.stall_seconds}\n"
+               f"  unless on (job_name, rank)\n"
+               f"  (time() - {ts}) <= on (job_name, rank) {_num(cfg.stall_step_factor)} * "
+               f"{step_interval_record(cfg)}\n)\n"
+               f"and on (job_name, rank) ({running})\n"
+               f"and on (job_name, rank) (changes({steps}[{cfg.stall_seconds}s]) == 0)",
+               cfg.stall_for, "critical", "Training made no step progress.",
+               f"{_WHO} is running but completed no step for "
+               "{{ $value | humanizeDuration }} (threshold: the larger of "
+               f"{cfg.stall_seconds}s and {_num(cfg.stall_step_factor)} x its mean step "
+               "interval): hung collective, dead data loader or stuck I/O."),
+        _alert(cfg, "MindFormersRankDown",
+               f"(last_over_time({status}[{cfg.rank_down_lookback}]) == {STATUS_RUNNING})\n"
+               f"unless on (job_name, rank) {status}\n"
+               f"unless on (job_name, rank) "
+               f"(last_over_time({m('mindformers_train_progress_ratio')}"
+               f"[{cfg.rank_down_lookback}]) >= 1)",
+               cfg.rank_down_for, "critical", "A training rank disappeared while running.",
+               f"{_WHO} (target {{{{ $labels.instance }}}}) was last seen running and has "
+               "not been scraped since: the process died, hangs in a way that blocks /metrics, "
+               "or its node is unreachable."),
+        _alert(cfg, "MindFormersTrainingFailed",
+               f"last_over_time({status}[{cfg.failed_lookback}]) == {STATUS_FAILED}",
+               "0m", "warning", "A training rank reported failed or stopped.",
+               f"{_WHO} ended with status {STATUS_FAILED} (failed or stopped early) within the "
+               f"last {cfg.failed_lookback}."),
+    ]
+    dynamics = [
+        _alert(cfg, "MindFormersLossSpike",
+               f"{loss}\n/\n(avg_over_time({loss}[{cfg.loss_spike_window}]) > 0)\n"
+               f"> {_num(cfg.loss_spike_factor)}",
+               cfg.loss_spike_for, "warning", "Training loss spiked.",
+               f"The loss of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x its "
+               f"{cfg.loss_spike_window} average (threshold {_num(cfg.loss_spike_factor)}x)."),
+        _alert(cfg, "MindFormersGradNormSpike",
+               f"{grad}\n/\n(avg_over_time({grad}[{cfg.grad_norm_spike_window}]) > 0)\n"
+               f"> {_num(cfg.grad_norm_spike_factor)}",
+               cfg.grad_norm_spike_for, "warning", "Gradient norm spiked.",
+               f"The gradient global norm of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x "
+               f"its {cfg.grad_norm_spike_window} average (threshold "
+               f"{_num(cfg.grad_norm_spike_factor)}x)."),
+        _alert(cfg, "MindFormersLossScaleOverflowStorm",
+               f"rate({overflow}[{cfg.overflow_window}])\n"
+               f"/\n(rate({steps}[{cfg.overflow_window}]) > 0)\n"
+               f"> {_num(cfg.overflow_storm_ratio)}",
+               cfg.overflow_storm_for, "warning", "Most steps overflow the loss scale.",
+               f"{{{{ $value | humanizePercentage }}}} of the steps of {_WHO} overflowed the "
+               f"loss scale over the last {cfg.overflow_window} (threshold "
+               f"{cfg.overflow_storm_ratio:.0%}); those updates are skipped."),
+    ]
+    performance = [
+        _alert(cfg, "MindFormersThroughputDrop",
+               f"(\n  rate({steps}[{cfg.throughput_window}])\n  /\n"
+               f"  (rate({steps}[{cfg.throughput_baseline_window}] offset "
+               f"{cfg.throughput_window}) > 0)\n) < {_num(cfg.throughput_drop_ratio)}\n"
+               f"and on (job_name, rank) ({running})",
+               cfg.throughput_drop_for, "warning", "Training throughput dropped.",
+               f"The step rate of {_WHO} over the last {cfg.throughput_window} is "
+               "{{ $value | humanizePercentage }} of its rate over the "
+               f"{cfg.throughput_baseline_window} before (threshold "
+               f"{cfg.throughput_drop_ratio:.0%})."),
+        _alert(cfg, "MindFormersStragglerRank",
+               f"{STEP_MEAN}\n/ on (job_name) group_left ()\n{STEP_RANK_MEDIAN}\n"
+               f"> {_num(cfg.straggler_factor)}\n"
+               f"and on (job_name, rank) ({running})",
+               cfg.straggler_for, "warning", "A rank is much slower than the others.",
+               f"The mean step time of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x the "
+               f"median over the job's ranks (threshold {_num(cfg.straggler_factor)}x): "
+               "check its device, host load and data loading."),
+    ]
+    return [{"name": "mindformers-health.alerts", "rules": health},
+            {"name": "mindformers-dynamics.alerts", "rules": dynamics},
+            {"name": "mindformers-performance.alerts", "rules": performance}]
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+# ---------------------------------------------------------------- rendering
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+_HEADER = ("# Generated by `python -m mfotel.rules` (mfotel/rules.py) from RulesConfig{overrides}.\n"
+           "# Do not edit: change the config or the generator and regenerate.\n")
+
+
+def _dump(groups: list[dict[str, Any]], cfg: RulesConfig) -> str:
+    changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+               if getattr(cfg, f.name) != f.default}
+    overrides = "(" + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + ")" if changed else ""
+    body = yaml.dump({"groups": groups}, Dumper=_Dumper, sort_keys=False, width=100,
+                     default_flow_style=False, allow_unicode=True)
+    return _HEADER.format(overrides=overrides) + body
+
+
+def render_rules(cfg: RulesConfig | None = None) -> dict[str, str]:
+    """File name -> YAML text of the recording and alerting rule files."""
+    cfg = cfg or RulesConfig()
+    return {RECORDING_FILE: _dump(recording_rules(cfg), cfg),
+            ALERTS_FILE: _dump(alerting_rules(cfg), cfg)}
+
+
+def alert_names(cfg: RulesConfig | None = None) -> list[str]:
+    return [r["alert"] for g in alerting_rules(cfg or RulesConfig()) for r in g["rules"]]
+
+
+def write_rules(out_dir: str | Path = DEFAULT_OUT_DIR,
+                config: RulesConfig | None = None) -> list[Path]:
+    """Write both rule files into `out_dir` (created if needed); returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in render_rules(config).items():
+        path = out / name
+        path.write_text(text)
+        paths.append(path)
+    return paths
+
+
+def stale_rule_files(out_dir: str | Path = DEFAULT_OUT_DIR,
+                     config: RulesConfig | None = None) -> list[str]:
+    """Names of the files in `out_dir` that differ from what `config` generates."""
+    out = Path(out_dir)
+    return [name for name, text in render_rules(config).items()
+            if not (out / name).is_file() or (out / name).read_text() != text]
+
+
+def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(RulesConfig)}
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields:
+            hint = ", ".join(sorted(fields))
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE with KEY one of: {hint}")
+        kind = type(fields[key].default)
+        try:
+            overrides[key] = kind(raw)
+        except ValueError:
+            raise SystemExit(f"--set {item!r}: {raw!r} is not a {kind.__name__}") from None
+    return overrides
+
+
+def add_rules_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--out-dir", default=str(DEFAULT_OUT_DIR),
+                        help="directory for the rule files (default: %(default)s)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="override a RulesConfig field, e.g. stall_seconds=1800 "
+                             "or selector='cluster=\"a\"' (repeatable)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if the files differ from the generated ones")
+    return parser
+
+
+def run_rules_command(args: argparse.Namespace) -> int:
+    try:
+        cfg = RulesConfig(**_parse_set(args.set))
+    except ValueError as error:
+        print(f"mfotel rules: {error}", file=sys.stderr)
+        return 2
+    if args.check:
+        stale = stale_rule_files(args.out_dir, cfg)
+        for name in stale:
+            print(f"{Path(args.out_dir) / name} is out of date; run: mfotel rules "
+                  f"--out-dir {args.out_dir}", file=sys.stderr)
+        return 1 if stale else 0
+    for path in write_rules(args.out_dir, cfg):
+        print(f"wrote {path}")
+    return 0
+
+
+def add_rules_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `rules` on an argparse subparsers object; dispatch via `args.func(args)`."""
+    parser = subparsers.add_parser("rules", help="generate the Prometheus rule files",
+                                   description=__doc__.splitlines()[0])
+    add_rules_arguments(parser)
+    parser.set_defaults(func=run_rules_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = add_rules_arguments(argparse.ArgumentParser(
+        prog="python -m mfotel.rules", description=__doc__.splitlines()[0]))
+    return run_rules_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
