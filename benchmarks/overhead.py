@@ -129,7 +129,7 @@ def train(steps: int, callback: Callback | None) -> Timed:
 def variants(tmp: str, sink: io.TextIOBase) -> dict[str, Callable[[], Callback | None]]:
     def otel(interval: int, console: bool = False) -> Callable[[], Callback]:
         return lambda: OTelMonitor(step_interval=interval, metrics=ALL_METRICS, job_name="bench",
-                                   prometheus={"host": "127.0.0.1", "port": free_port()},
+                                   prometheus={"host": "127.0.0.1", "port": free_port(), "linger_seconds": 0},
                                    output={"console": console})
     return {
         "no callback": lambda: None,

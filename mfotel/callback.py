@@ -17,12 +17,14 @@ from typing import Any
 from mindspore.train import Callback
 
 from . import contract
+from .actions import ActionEngine
 from .config import ALIASES, MonitorConfig, check_writable, load_config, parse_config
 from .extract import StepOutputs, is_finite, parse_net_outputs, to_float
 from .identity import RankIdentity, identity_from_env
 from .instruments import Instruments
 from .sinks import ConsoleSink, FileSink, format_json, format_line
 from .telemetry import Telemetry
+from .webconfig import load_web_config
 
 log = logging.getLogger("mfotel")
 DEFAULT_JOB_NAME = "mindformers"
@@ -79,6 +81,8 @@ class OTelMonitor(Callback):
         self.job_name = self.config.job_name or DEFAULT_JOB_NAME
         self.identity = identity_from_env()
         check_writable(self.config, self.identity.rank, self.job_name)
+        if self.config.prometheus.web_config_file:  # a bad file is an error before training
+            load_web_config(self.config.prometheus.web_config_file)
         self.telemetry: Telemetry | None = None
         self.instruments: Instruments | None = None
         self.sinks: list[tuple[Any, bool]] = []  # (sink, json?)
@@ -94,6 +98,8 @@ class OTelMonitor(Callback):
         self._record_samples = 0
         self._stopped = False
         self._closed = False
+        self.actions: ActionEngine | None = None  # mfotel.actions
+        self.final_scraped = False  # whether a scrape saw the final status before shutdown
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "OTelMonitor":
@@ -128,11 +134,17 @@ class OTelMonitor(Callback):
 
     def _start(self, cb: Any) -> None:
         cfg, ident = self.config, self.identity
+        if cfg.actions.enabled:  # mfotel.actions; a ConfigError here stops before training
+            self.actions = ActionEngine(cfg.actions, self.job_name, ident.rank, ident.world_size)
+            self.actions.start(self._optimizer(cb), getattr(cb, "train_network", None))
         self.telemetry = Telemetry(cfg, ident, self.job_name, on_error=self._on_telemetry_error)
         meter = self.telemetry.start()
         self.instruments = Instruments(meter, {"job_name": self.job_name, "rank": str(ident.rank)},
-                                       cfg.metrics, ident.labels())
-        self.telemetry.serve()
+                                       cfg.metrics, ident.labels(), self.telemetry.native_meter)
+        if self.actions is not None:
+            self.instruments.state.actions = self.actions.counts
+        self.telemetry.serve(lambda: self.instruments.version,
+                             lambda: self.instruments.native_version)
         self._open_sinks()
         self._read_run_shape(cb)
         where = self.telemetry.endpoint.url if self.telemetry.endpoint else "off"
@@ -226,16 +238,34 @@ class OTelMonitor(Callback):
             if self.config.seq_length:
                 st.tokens = (st.tokens or 0) + samples * self.config.seq_length
             self._record_samples += samples
-        if self._crossed_record_step(step):
+        recorded = self._crossed_record_step(step)
+        if recorded:
             self._record(step, st.epoch, cb, out, step_seconds, now)
         if not is_finite(out.loss) and self.config.on_nonfinite == "stop" and not self._stopped:
             self._stopped = True
             run_context.request_stop()
             log.warning("mfotel: stopping the run after step %d (on_nonfinite: stop)", step)
+        if self.actions is not None:
+            self._apply_actions(run_context, cb, step, out.loss, recorded)
         self._last_step, self._last_end, self._step_begin = step, now, None
+        self.instruments.touch()
 
     def _crossed_record_step(self, step: int) -> bool:
         return any(self.config.is_record_step(s) for s in range(self._last_step + 1, step + 1))
+
+    @staticmethod
+    def _optimizer(cb: Any) -> Any:
+        return cb.optimizer or getattr(getattr(cb, "train_network", None), "optimizer", None)
+
+    def _apply_actions(self, run_context: Any, cb: Any, step: int, loss: float | None,
+                       recorded: bool) -> None:
+        """Local rules and the control file (mfotel.actions), after this step's record."""
+        for request in self.actions.step_end(step, loss, recorded, self._optimizer(cb)):
+            if request.action == "stop" and not self._stopped:
+                self._stopped = True
+                run_context.request_stop()
+            elif request.action == "scale_lr":
+                self._lr = LearningRateReader()  # a list lr's table changed: read it again
 
     def _health(self, step: int, out: StepOutputs) -> None:
         st = self.instruments.state
@@ -300,10 +330,15 @@ class OTelMonitor(Callback):
         st = self.instruments.state
         completed = not self._stopped and (self._total_steps is None or self._last_step >= self._total_steps)
         st.status = contract.STATUS_COMPLETED if completed else contract.STATUS_FAILED
-        linger = self.config.prometheus.linger_seconds
-        if linger and self.telemetry.endpoint is not None:
-            log.info("mfotel: keeping /metrics up for %.0f s", linger)
-            time.sleep(linger)
+        self.instruments.touch()
+        prom = self.config.prometheus
+        if prom.linger_seconds and self.telemetry.endpoint is not None:
+            log.info("mfotel: keeping /metrics up for the final scrape (at most %.0f s)",
+                     prom.linger_seconds)
+            if prom.linger_until_scraped:
+                self.final_scraped = self.telemetry.wait_scraped(prom.linger_seconds)
+            else:
+                time.sleep(prom.linger_seconds)
         for sink, _ in self.sinks:
             if isinstance(sink, FileSink):
                 sink.close()

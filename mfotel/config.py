@@ -45,9 +45,13 @@ class OutputConfig:
 class PrometheusConfig:
     host: str = "0.0.0.0"  # every rank must be reachable by a cluster Prometheus
     port: int = 9464       # this rank serves port + local rank; 0 turns the endpoint off
-    linger_seconds: float = 0.0
+    # after training ends, keep /metrics up until the final values (status 2/3) have been
+    # scraped once, at most this long: else a finished rank looks like a dead one
+    linger_seconds: float = 30.0
+    linger_until_scraped: bool = True  # False: always wait the full linger (HA Prometheus pairs)
     certfile: str | None = None
     keyfile: str | None = None
+    web_config_file: str | None = None  # Prometheus web-config format: TLS + basic auth
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,74 @@ class OtlpConfig:
     interval_seconds: float = 10.0
     timeout_seconds: float = 5.0
     headers: Mapping[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- multi-rank (mfotel.discovery)
+FILE_SD_MODES: tuple[str, ...] = ("job", "rank")
+CARDINALITY_LEVELS: tuple[str, ...] = ("full", "health")
+
+
+@dataclass(frozen=True)
+class FileSdConfig:
+    """`file_sd`: a Prometheus file_sd target file for the job's ranks."""
+    path: str | None = None          # {job_name}, {rank} allowed; None = write no file
+    mode: str = "job"                # job: rank 0 lists every rank | rank: each rank lists itself
+    hosts: tuple[str, ...] = ()      # node addresses in node-rank order (default: this host)
+    labels: Mapping[str, str] = field(default_factory=dict)  # extra target labels
+
+    def resolved_path(self, rank: int, job_name: str) -> Path | None:
+        if not self.path:
+            return None
+        return Path(self.path.format(rank=rank, job_name=job_name)).expanduser().absolute()
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """`run`: identity of the training run across restarts and resumes."""
+    id: str | None = None            # default: $MFOTEL_RUN_ID, else the state file's, else new
+    state_file: str | None = None    # keeps id and attempt across restarts; {job_name}, {rank}
+
+
+
+# ---------------------------------------------------------------- actions (mfotel.actions)
+ACTIONS: tuple[str, ...] = ("stop", "scale_lr", "warn")
+
+
+@dataclass(frozen=True)
+class NonfiniteRule:
+    """`actions.nonfinite`: what to do when the loss first goes NaN/Inf."""
+    action: str = "stop"   # stop | scale_lr | warn
+    factor: float = 0.5    # learning-rate multiplier, for action: scale_lr
+
+
+@dataclass(frozen=True)
+class PlateauRule(NonfiniteRule):
+    """`actions.plateau`: no loss improvement of `min_delta` over `patience` records."""
+    patience: int = 10
+    min_delta: float = 0.0
+
+
+@dataclass(frozen=True)
+class ActionsConfig:
+    plateau: PlateauRule | None = None
+    nonfinite: NonfiniteRule | None = None
+    control_dir: str | None = None  # the job's control directory; {job_name} is filled in
+    lead_steps: int = 3             # multi-rank: steps between a decision and its application
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.plateau or self.nonfinite or self.control_dir)
+
+    @property
+    def may_scale_lr(self) -> bool:
+        """Whether a scale_lr can be requested (a rule uses it, or the control file may)."""
+        rules = (self.plateau, self.nonfinite)
+        return bool(self.control_dir) or any(r and r.action == "scale_lr" for r in rules)
+
+    def resolved_control_dir(self, job_name: str) -> Path | None:
+        if not self.control_dir:
+            return None
+        return Path(self.control_dir.format(job_name=job_name)).expanduser().absolute()
 
 
 @dataclass(frozen=True)
@@ -74,11 +146,24 @@ class MonitorConfig:
     early_step_interval: int = 1
     batch_size: int | None = None  # samples per step on this rank, when the run can't tell
     seq_length: int | None = None  # tokens per sample, enables mindformers_train_tokens_total
+    native_series_limit: int = 2000  # series per native metric (OTel's default cardinality cap)
+    actions: ActionsConfig = field(default_factory=ActionsConfig)  # mfotel.actions
+    file_sd: FileSdConfig = field(default_factory=FileSdConfig)    # mfotel.discovery
+    cardinality: str = "full"      # full | health (seed metrics only from metric_ranks)
+    metric_ranks: tuple[int, ...] | None = None  # at cardinality health; None = log_rank's
+    run: RunConfig = field(default_factory=RunConfig)
     source: str = "<kwargs>"       # where this config came from, for messages
 
     def logs_on(self, rank: int) -> bool:
         """Whether console/file lines are written on `rank` (log_rank gating)."""
         return self.log_rank is None or rank in self.log_rank
+
+    def exports_seed_metrics(self, rank: int) -> bool:
+        """Whether `rank` exposes loss, lr, grad norm and the throughput gauge (cardinality)."""
+        if self.cardinality == "full":
+            return True
+        ranks = self.metric_ranks if self.metric_ranks is not None else self.log_rank
+        return ranks is None or rank in ranks
 
     def is_record_step(self, step: int) -> bool:
         """Whether seed metrics are recorded at global `step` (1-based)."""
@@ -193,12 +278,129 @@ def _log_rank(value: Any, source: str, key: str) -> tuple[int, ...] | None:
     return tuple(sorted(set(ranks)))
 
 
+# multi-rank (mfotel.discovery): file_sd, run identity, cardinality
+_RESERVED_TARGET_LABELS = ("job_name", "rank", "job", "instance")
+
+
+def _ranks(value: Any, source: str, key: str) -> tuple[int, ...]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
+        raise ConfigError(source, key, f"{value!r} is not a rank or a list of ranks",
+                          "use a rank (0) or a list of ranks ([0, 8]); for every rank use "
+                          "cardinality: full")
+    return tuple(sorted(set(items)))
+
+
+def _hosts(value: Any, source: str, key: str) -> tuple[str, ...]:
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(h, str) and h for h in items):
+        raise ConfigError(source, key, f"{value!r} is not a list of host names",
+                          "list the nodes in node-rank order, e.g. hosts: [node-1, node-2]")
+    return tuple(items)
+
+
+def _target_labels(value: Any, source: str, key: str) -> dict[str, str]:
+    labels = _string_map(value, source, key)
+    clash = sorted(set(labels) & set(_RESERVED_TARGET_LABELS))
+    if clash:
+        raise ConfigError(source, f"{key}.{clash[0]}", "every series already carries job_name "
+                          "and rank, and Prometheus sets job and instance",
+                          f"remove {', '.join(clash)} from the target labels")
+    return labels
+
+
+def _placeholders(*allowed: str) -> Check:
+    def check(value: Any, source: str, key: str) -> str:
+        text = _string(value, source, key)
+        try:
+            text.format(**dict.fromkeys(allowed, "x"))
+        except (KeyError, IndexError, ValueError):
+            names = ", ".join("{%s}" % a for a in allowed)
+            raise ConfigError(source, key, f"{value!r} has a placeholder other than {names}",
+                              f"use only {names} (quote the value in YAML)") from None
+        return text
+    return check
+
+
+_FILE_SD: dict[str, Check] = {"path": _optional(_placeholders("job_name", "rank")),
+                              "mode": _choice(*FILE_SD_MODES), "hosts": _hosts,
+                              "labels": _target_labels}
+_RUN: dict[str, Check] = {"id": _optional(_string),
+                          "state_file": _optional(_placeholders("job_name", "rank"))}
+
+
+def _check_file_sd(cfg: "MonitorConfig", source: str, prefix: str) -> None:
+    sd = cfg.file_sd
+    if sd.mode == "rank" and sd.path and "{rank}" not in sd.path:
+        raise ConfigError(source, f"{prefix}.file_sd.path", "mode: rank needs {rank} in the "
+                          "path, else the ranks overwrite one file",
+                          'add {rank}, e.g. path: "/shared/targets/{job_name}-{rank}.json"')
+    if sd.mode == "rank" and sd.hosts:
+        raise ConfigError(source, f"{prefix}.file_sd.hosts", "hosts is only used by mode: job",
+                          "remove hosts, or use mode: job")
+
+
+
+# actions (mfotel.actions): local rules and the control directory
+def _factor(value: Any, source: str, key: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and value > 0:
+        return float(value)
+    raise ConfigError(source, key, f"{value!r} is not a positive number",
+                      "use a learning-rate multiplier such as factor: 0.5")
+
+
+def _min_delta(value: Any, source: str, key: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and value >= 0:
+        return float(value)
+    raise ConfigError(source, key, f"{value!r} is not a number >= 0",
+                      "use the smallest loss decrease that counts, e.g. min_delta: 0.001")
+
+
+def _control_dir(value: Any, source: str, key: str) -> str:
+    text = _string(value, source, key)
+    try:
+        text.format(job_name="x")
+    except (KeyError, IndexError, ValueError):
+        raise ConfigError(source, key, f"{value!r} has a placeholder other than {{job_name}}",
+                          "use only {job_name}, e.g. control_dir: /shared/mfotel-control/{job_name}"
+                          ) from None
+    return text
+
+
+def _rule(cls: type, table: dict[str, Check]) -> Check:
+    def check(value: Any, source: str, key: str) -> Any:
+        if value is None:
+            return None
+        rule = _section(cls, table, value, source, key)
+        if "factor" in value and rule.action != "scale_lr":
+            raise ConfigError(source, f"{key}.factor", f"factor is ignored by action: {rule.action}",
+                              "set action: scale_lr, or remove factor")
+        return rule
+    return check
+
+
+_NONFINITE_RULE: dict[str, Check] = {"action": _choice(*ACTIONS), "factor": _factor}
+_ACTIONS: dict[str, Check] = {
+    "plateau": _rule(PlateauRule, {**_NONFINITE_RULE, "patience": _int(1, example=10),
+                                   "min_delta": _min_delta}),
+    "nonfinite": _rule(NonfiniteRule, _NONFINITE_RULE),
+    "control_dir": _optional(_control_dir), "lead_steps": _int(1, example=3)}
+
+
+def _actions(value: Any, source: str, key: str) -> ActionsConfig:
+    return _section(ActionsConfig, _ACTIONS, value, source, key)
+
+
 # key -> (check, aliases); nested sections are dataclasses with their own tables
 _OUTPUT: dict[str, Check] = {"console": _bool, "file": _bool, "file_path": _string,
                              "format": _choice("text", "json")}
 _PROMETHEUS: dict[str, Check] = {"host": _string, "port": _int(0, 65535, 9464),
-                                 "linger_seconds": _seconds, "certfile": _optional(_string),
-                                 "keyfile": _optional(_string)}
+                                 "linger_seconds": _seconds, "linger_until_scraped": _bool,
+                                 "certfile": _optional(_string),
+                                 "keyfile": _optional(_string),
+                                 "web_config_file": _optional(_string)}
 _OTLP: dict[str, Check] = {"endpoint": _optional(_string), "interval_seconds": _positive_seconds,
                            "timeout_seconds": _positive_seconds, "headers": _string_map}
 _TOP: dict[str, Check] = {
@@ -207,10 +409,14 @@ _TOP: dict[str, Check] = {
     "on_nonfinite": _choice("warn", "stop"), "resource_attributes": _string_map,
     "early_steps": _int(0, example=100), "early_step_interval": _int(1, example=1),
     "batch_size": _optional(_int(1, example=8)), "seq_length": _optional(_int(1, example=2048)),
+    "native_series_limit": _int(1, example=20000),
+    "actions": _actions,
+    "cardinality": _choice(*CARDINALITY_LEVELS), "metric_ranks": _optional(_ranks),
 }
 _SECTIONS: dict[str, tuple[type, dict[str, Check]]] = {
     "output": (OutputConfig, _OUTPUT), "prometheus": (PrometheusConfig, _PROMETHEUS),
-    "otlp": (OtlpConfig, _OTLP)}
+    "otlp": (OtlpConfig, _OTLP),
+    "file_sd": (FileSdConfig, _FILE_SD), "run": (RunConfig, _RUN)}
 ALIASES = {"monitor_on": "enable", "interval": "step_interval"}
 KNOWN_KEYS: tuple[str, ...] = (*_TOP, *_SECTIONS, *ALIASES)
 
@@ -266,6 +472,11 @@ def parse_config(data: Mapping[str, Any] | None, source: str = "<kwargs>",
     cfg = MonitorConfig(**values)
     if cfg.output.format == "json" and not cfg.output.file:
         pass  # format only matters for the file sink; harmless
+    if cfg.on_nonfinite == "stop" and cfg.actions.nonfinite is not None:
+        raise ConfigError(source, f"{prefix}.on_nonfinite", "on_nonfinite: stop and "
+                          "actions.nonfinite both say what to do on a NaN loss",
+                          "keep actions.nonfinite (action: stop is the same) and remove on_nonfinite")
+    _check_file_sd(cfg, source, prefix)
     if cfg.prometheus.certfile and not cfg.prometheus.keyfile:
         raise ConfigError(source, f"{prefix}.prometheus.keyfile", "certfile given without keyfile",
                           "set both certfile and keyfile for TLS, or neither")

@@ -20,6 +20,9 @@ from .contract import CONTRACT, STATUS_INITIALISING, STEP_TIME_BUCKETS, MetricSp
 NONFINITE_METRICS = ("loss", "grad_norm")
 ERROR_STAGES = ("callback", "extract", "sink", "server", "otlp")
 PENDING_LIMIT = 4096
+#: Cardinality `health`: these are exposed only by the metric ranks (one per data-parallel
+#: group); every rank keeps its health signals and an +Inf-only step-time histogram.
+RANK_VALUE_KEYS = frozenset({"loss", "learning_rate", "grad_norm", "throughput"})
 
 
 @dataclass
@@ -44,6 +47,7 @@ class TrainState:
     first_nonfinite_step: int | None = None
     nonfinite: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NONFINITE_METRICS, 0))
     export_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
+    actions: dict[tuple[str, str], int] = field(default_factory=dict)  # (action, source)
 
 
 class Instruments:
@@ -55,8 +59,13 @@ class Instruments:
     """
 
     def __init__(self, meter: Meter, attributes: dict[str, str], selected: Iterable[str],
-                 identity_labels: dict[str, str] | None = None) -> None:
+                 identity_labels: dict[str, str] | None = None,
+                 native_meter: Meter | None = None, *, cardinality: str = "full",
+                 seed_values: bool = True) -> None:
         self.meter = meter
+        self.native_meter = native_meter or meter
+        self.version = 0         # bumped whenever state changes; keys the exposition cache
+        self.native_version = 0  # bumped by set_native
         self.attributes = dict(attributes)
         self.state = TrainState()
         self.selected = frozenset(selected)
@@ -65,16 +74,19 @@ class Instruments:
         self._native_lock = threading.Lock()
         self._histogram = None
         self._pending_seconds: list[float] = []
+        self.cardinality = cardinality  # full | health (multi-rank scale)
         for spec in CONTRACT:
             if spec.seed_metric is None or spec.seed_metric in self.selected:
-                self._create(spec)
+                if seed_values or spec.key not in RANK_VALUE_KEYS:
+                    self._create(spec)
 
     # ------------------------------------------------------------ creation
     def _create(self, spec: MetricSpec) -> None:
         if spec.kind == "histogram":
             self._histogram = self.meter.create_histogram(
                 spec.otel_name, unit=spec.unit, description=spec.description,
-                explicit_bucket_boundaries_advisory=list(STEP_TIME_BUCKETS))
+                explicit_bucket_boundaries_advisory=(
+                    [] if self.cardinality == "health" else list(STEP_TIME_BUCKETS)))
             return
         factory = (self.meter.create_observable_counter if spec.kind == "counter"
                    else self.meter.create_observable_gauge)
@@ -90,6 +102,9 @@ class Instruments:
                 self.flush()  # collection runs observable callbacks before reading storage
                 return [Observation(1, info)]
             return observe_info
+        if key == "actions":  # mfotel.actions: (action, source) -> count
+            return lambda options: [Observation(count, {**attrs, "action": action, "source": source})
+                                    for (action, source), count in state.actions.items()]
         if key in ("nonfinite", "export_errors"):
             label = "metric" if key == "nonfinite" else "stage"
             return lambda options: [Observation(count, {**attrs, label: name})
@@ -101,6 +116,10 @@ class Instruments:
         return observe
 
     # ------------------------------------------------------------ recording
+    def touch(self) -> None:
+        """Mark the state changed, so the next scrape re-collects."""
+        self.version += 1
+
     def record_step_seconds(self, seconds: float) -> None:
         """Queue one step duration for the histogram (recorded into the SDK at collection)."""
         if self._histogram is not None:
@@ -117,6 +136,7 @@ class Instruments:
     def count_error(self, stage: str) -> None:
         errors = self.state.export_errors
         errors[stage] = errors.get(stage, 0) + 1
+        self.version += 1
 
     def set_native(self, name: str, value: float, labels: dict[str, str] | None = None) -> None:
         """Expose `mindformers_train_<name>{labels}` (mindformers-native metrics bridge).
@@ -129,10 +149,11 @@ class Instruments:
             series = self._native.get(name)
             if series is None:
                 series = self._native[name] = {}
-                self.meter.create_observable_gauge(
+                self.native_meter.create_observable_gauge(
                     f"mindformers.train.{name}", callbacks=[self._native_observer(name)],
                     description=f"mindformers native metric {name}")
             series[key] = (labels, float(value))
+            self.native_version += 1
 
     def _native_observer(self, name: str) -> Callable[[CallbackOptions], list[Observation]]:
         def observe(options: CallbackOptions) -> list[Observation]:

@@ -4,21 +4,28 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import time
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import ObservableGauge
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from .config import MonitorConfig
+from .exposition import CachedMetricsApp, CachingCollector, serve
 from .identity import RankIdentity
+from .webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("mfotel")
 SCOPE = "mfotel"
+#: Share of wall time that re-collecting native series (thousands of them) may take from
+#: training; scrapes in between are served the previous values.
+NATIVE_COLLECT_BUDGET = 0.02
 
 
 class _DropNonFinite(logging.Filter):
@@ -96,19 +103,24 @@ class Endpoint:
     port: int
     server: Any
     thread: Any
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{self.scheme}://{host}:{self.port}/metrics"
 
 
 class Telemetry:
-    """Owns the MeterProvider, the Prometheus registry and HTTP endpoint, and OTLP push.
+    """Owns the MeterProviders, the Prometheus registries and HTTP endpoint, and OTLP push.
+
+    Two providers: the contract's few dozen series, and mindformers-native metrics (possibly
+    thousands of per-parameter series), each behind its own exposition cache so a scrape
+    between two records re-renders only what changed.
 
         tel = Telemetry(cfg, identity, "llama7b", on_error=count)
         meter = tel.start()
-        tel.serve()
+        tel.serve(version=lambda: inst.version, native_version=lambda: inst.native_version)
         ...
         tel.shutdown()
     """
@@ -117,9 +129,21 @@ class Telemetry:
                  on_error: Callable[[str], None] = lambda stage: None) -> None:
         self.cfg, self.identity, self.job_name = cfg, identity, job_name
         self.on_error = on_error
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.provider: MeterProvider | None = None
+        self.registry = CollectorRegistry(auto_describe=False)   # what /metrics serves
+        self._sources = (CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False))
+        self.providers: list[MeterProvider] = []
+        self.native_meter: Any = None
         self.endpoint: Endpoint | None = None
+        self.app: CachedMetricsApp | None = None
+        self.web = self._web_config()
+
+    def _web_config(self) -> WebConfig | None:
+        prom = self.cfg.prometheus
+        if prom.web_config_file:
+            return load_web_config(prom.web_config_file)
+        if prom.certfile:
+            return WebConfig(cert_file=prom.certfile, key_file=prom.keyfile)
+        return None
 
     @property
     def port(self) -> int:
@@ -127,9 +151,12 @@ class Telemetry:
         base = self.cfg.prometheus.port
         return base + self.identity.local_rank if base else 0
 
-    def _readers(self) -> Sequence[MetricReader]:
-        readers: list[MetricReader] = [
-            PrometheusMetricReader(scope_info_enabled=False, registry=self.registry)]
+    def _readers(self, source: CollectorRegistry, native: bool) -> Sequence[MetricReader]:
+        # native per-parameter metrics may exceed OTel's 2000-series cap: raised on purpose
+        limits = {ObservableGauge: self.cfg.native_series_limit} if native else None
+        readers: list[MetricReader] = [PrometheusMetricReader(
+            disable_target_info=native, scope_info_enabled=False, registry=source,
+            cardinality_limits=limits)]
         otlp = self.cfg.otlp
         if otlp.endpoint:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -139,33 +166,57 @@ class Telemetry:
             readers.append(PeriodicExportingMetricReader(
                 CountingExporter(inner, lambda: self.on_error("otlp")),
                 export_interval_millis=otlp.interval_seconds * 1000,
-                export_timeout_millis=otlp.timeout_seconds * 1000))
+                export_timeout_millis=otlp.timeout_seconds * 1000, cardinality_limits=limits))
         return readers
 
     def start(self) -> Any:
-        """Create the provider and readers; returns the meter. Call serve() next."""
+        """Create the providers and readers; returns the contract meter. Call serve() next."""
         silence_nonfinite_warnings()
         resource = build_resource(self.job_name, self.identity, dict(self.cfg.resource_attributes))
-        self.provider = MeterProvider(metric_readers=self._readers(), resource=resource)
-        return self.provider.get_meter(SCOPE, _version("mfotel") or None)
+        version = _version("mfotel") or None
+        self.providers = [MeterProvider(metric_readers=self._readers(source, native), resource=resource)
+                          for source, native in zip(self._sources, (False, True))]
+        self.native_meter = self.providers[1].get_meter(SCOPE + ".native", version)
+        return self.providers[0].get_meter(SCOPE, version)
 
-    def serve(self) -> None:
-        """Serve /metrics on host:port + local rank; a busy port warns and counts, never raises."""
+    def serve(self, version: Callable[[], Hashable] = object,
+              native_version: Callable[[], Hashable] = object) -> None:
+        """Serve /metrics on host:port + local rank; a busy port warns and counts, never raises.
+
+        `version` / `native_version` change whenever the values behind each provider change
+        (the default, `object`, never repeats: no caching).
+        """
+        collectors = [CachingCollector(self._sources[0], version),
+                      CachingCollector(self._sources[1], native_version, NATIVE_COLLECT_BUDGET)]
+        for collector in collectors:
+            self.registry.register(collector)
+        self.app = CachedMetricsApp(self.registry, collectors)
         port, prom = self.port, self.cfg.prometheus
         if not port:
             return
         try:
-            server, thread = start_http_server(port, addr=prom.host, registry=self.registry,
-                                               certfile=prom.certfile, keyfile=prom.keyfile)
+            server, thread = serve(self.app, prom.host, port, self.web)
         except OSError as exc:
             self.on_error("server")
-            message = (f"mfotel: rank {self.identity.rank} cannot serve /metrics on "
-                       f"{prom.host}:{port} ({exc.strerror or exc}); training continues without "
-                       f"this endpoint. Fix: free the port or set monitor_config.prometheus.port "
-                       f"(this rank uses port + local rank {self.identity.local_rank})")
-            log.warning(message)
+            log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training continues "
+                        "without this endpoint. Fix: free the port or set "
+                        "monitor_config.prometheus.port (this rank uses port + local rank %d)",
+                        self.identity.rank, prom.host, port, exc.strerror or exc,
+                        self.identity.local_rank)
             return
-        self.endpoint = Endpoint(prom.host, server.server_port, server, thread)
+        scheme = "https" if self.web is not None and self.web.cert_file else "http"
+        self.endpoint = Endpoint(prom.host, server.server_port, server, thread, scheme)
+
+    def wait_scraped(self, timeout: float) -> bool:
+        """Block until a scrape has served the current values, or `timeout` seconds pass."""
+        if self.endpoint is None or self.app is None:
+            return False
+        deadline, main = time.monotonic() + timeout, self.app.collectors[0]
+        while time.monotonic() < deadline:
+            if main.is_current() and self.app.served[:1] == (main.generation,):
+                return True
+            time.sleep(0.05)
+        return False
 
     def stop_endpoint(self) -> None:
         if self.endpoint is not None:
@@ -176,9 +227,9 @@ class Telemetry:
     def shutdown(self) -> None:
         """Flush OTLP, stop the endpoint; safe to call twice."""
         self.stop_endpoint()
-        if self.provider is not None:
+        for provider in self.providers:
             try:
-                self.provider.shutdown(timeout_millis=self.cfg.otlp.timeout_seconds * 1000)
+                provider.shutdown(timeout_millis=self.cfg.otlp.timeout_seconds * 1000)
             except Exception:  # noqa: BLE001 - shutdown must not raise into training
                 self.on_error("otlp")
-            self.provider = None
+        self.providers = []

@@ -140,10 +140,11 @@ def test_status_completed_is_scrapeable_during_linger(port, in_tmp):
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
-    run_demo(steps=30, port=port, linger_seconds=1.0, min_step_seconds=0.02)
+    result = run_demo(steps=30, port=port, linger_seconds=60.0, min_step_seconds=0.02)
     stop.set()
     poller.join(5)
     assert seen[-1] == 2 and 1 in seen
+    assert result.monitor.final_scraped  # the linger ended at the first scrape of status 2
     with pytest.raises(OSError):
         scrape(f"http://127.0.0.1:{port}/metrics")  # endpoint stopped after the linger
 
