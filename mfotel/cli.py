@@ -11,6 +11,7 @@ import yaml
 from .alerts_receiver import add_alerts_receiver_command
 from .config import ConfigError, describe, load_config
 from .contract import SEED_METRICS
+from .logs_cli import add_log_commands
 from .rules import add_rules_command
 
 
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     add_rules_command(sub)
     add_alerts_receiver_command(sub)
+    add_log_commands(sub)
 
     dashboards = sub.add_parser("dashboards", help="generate the Grafana dashboards JSON")
     dashboards.add_argument("--out", default="grafana/dashboards")

@@ -1,0 +1,295 @@
+"""`mfotel plot | export | backfill | summary`: commands over monitor logs.
+
+    add_log_commands(subparsers)     # from mfotel.cli.build_parser
+
+Each RUN is a monitor log file (mfotel text or JSON lines, mindformers info.log) or a
+directory holding them. Unparseable monitor lines are reported on stderr with their line
+numbers; `--strict` turns them into exit code 1.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+from .logs import ParseReport, Progress, Run, discover_runs, iter_rows
+
+EXIT_OK, EXIT_ERROR = 0, 1
+
+
+# --- shared plumbing -----------------------------------------------------------------------
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="monitor log file or directory "
+                             "(mfotel text/JSON, mindformers info.log)")
+    parser.add_argument("--name", action="append", default=[], metavar="NAME",
+                        help="name of the n-th RUN (repeatable; default: directory or file name)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 when a monitor line cannot be parsed")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no notes")
+
+
+@contextmanager
+def _progress(runs: list[Run], quiet: bool) -> Iterator[Progress | None]:
+    """A tqdm bar over the bytes of all files, when tqdm is installed and stderr is a TTY."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        yield None
+        return
+    total = sum(run.total_bytes() for run in runs)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="parsing", leave=False,
+              file=sys.stderr) as bar:
+        yield bar.update
+
+
+def _finish(report: ParseReport, args: argparse.Namespace) -> int:
+    if report.problem_count:
+        print(f"mfotel: warning: {report.describe()}", file=sys.stderr)
+        if args.strict:
+            return EXIT_ERROR
+    elif not args.quiet:
+        print(f"mfotel: {report.describe()}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _runs(args: argparse.Namespace) -> list[Run]:
+    return discover_runs(args.runs, args.name)
+
+
+def _error(message: str) -> int:
+    print(f"mfotel: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+# --- commands ------------------------------------------------------------------------------
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Loss, learning rate, grad norm and throughput curves, runs overlaid."""
+    from . import plot
+    try:
+        runs = _runs(args)
+    except FileNotFoundError as exc:
+        return _error(str(exc))
+    report = ParseReport()
+    with _progress(runs, args.quiet) as progress:
+        series = plot.collect(iter_rows(runs, report, progress),
+                              ranks=set(args.rank) if args.rank else None)
+    if not series:
+        _finish(report, args)
+        return _error("no training steps found in " + ", ".join(args.runs))
+    try:
+        figure = plot.build_figure(series, smooth=args.smooth, log_scale=args.log_scale,
+                                   title=args.title)
+    except ValueError as exc:
+        return _error(str(exc))
+    out = plot.save(figure, Path(args.output), dpi=args.dpi)
+    status = _finish(report, args)
+    if not args.quiet:
+        print(f"mfotel: wrote {out}", file=sys.stderr)
+    return status
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Tidy CSV: run, rank, step, epoch, time and the metric values."""
+    from .export import write_csv
+    try:
+        runs = _runs(args)
+    except FileNotFoundError as exc:
+        return _error(str(exc))
+    report = ParseReport()
+    with _progress(runs, args.quiet) as progress:
+        if args.csv == "-":
+            count = write_csv(iter_rows(runs, report, progress), sys.stdout)
+        else:
+            out = Path(args.csv)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with open(out, "w", encoding="utf-8", newline="") as handle:
+                count = write_csv(iter_rows(runs, report, progress), handle)
+    status = _finish(report, args)
+    if not args.quiet and args.csv != "-":
+        print(f"mfotel: wrote {count} rows to {args.csv}", file=sys.stderr)
+    return status
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds from `1764671400`, `2025-12-02T10:30:00Z` or `2025-12-02 10:30:00+08:00`
+    (no zone: local time)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither unix seconds nor an ISO 8601 time") from None
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """OpenMetrics with the live names and labels; optionally TSDB blocks via promtool."""
+    from .backfill import BackfillError, create_blocks, find_promtool, write_openmetrics
+    try:
+        runs = _runs(args)
+    except FileNotFoundError as exc:
+        return _error(str(exc))
+    if args.job_name and len(args.job_name) != len(runs):
+        return _error(f"give one --job-name per RUN ({len(runs)}), or none to use the run names")
+    if args.create_blocks and find_promtool() is None:
+        return _error("--create-blocks needs promtool on PATH (apt-get install prometheus)")
+    job_names = {run.name: (args.job_name[index] if args.job_name else run.name)
+                 for index, run in enumerate(runs)}
+    out_dir = Path(args.out)
+    om_path = out_dir / args.file_name
+    report = ParseReport()
+    try:
+        with _progress(runs, args.quiet) as progress:
+            stats = write_openmetrics(iter_rows(runs, report, progress), om_path,
+                                      job_names=job_names, start=args.start,
+                                      step_seconds=args.step_seconds)
+    except BackfillError as exc:
+        return _error(str(exc))
+    status = _finish(report, args)
+    if stats.rows == 0:
+        return _error("no training steps found in " + ", ".join(args.runs))
+    if stats.skipped_out_of_order:
+        print(f"mfotel: warning: skipped {stats.skipped_out_of_order} row(s) whose time was not "
+              f"after the previous row of the same job_name and rank", file=sys.stderr)
+    span = f"{_iso(stats.min_time)} .. {_iso(stats.max_time)}"
+    print(f"mfotel: wrote {stats.samples} samples of {len(stats.series)} job/rank series "
+          f"({stats.rows} steps, {span}) to {om_path}", file=sys.stderr)
+    if args.create_blocks:
+        data_dir = out_dir / "data"
+        try:
+            output = create_blocks(om_path, data_dir)
+        except (RuntimeError, OSError) as exc:
+            return _error(str(exc))
+        if not args.quiet:
+            print(output.rstrip(), file=sys.stderr)
+        age_days = (time.time() - (stats.min_time or time.time())) / 86400
+        retention = f"{math.ceil(age_days) + 30}d" if age_days > 14 else "15d"
+        print(f"mfotel: TSDB blocks in {data_dir}; serve them with\n"
+              f"  prometheus --storage.tsdb.path={data_dir} "
+              f"--storage.tsdb.retention.time={retention}\n"
+              f"or move the block directories into a Prometheus data dir (not for the last 3 "
+              f"hours: that is the live head block; data older than the retention time is "
+              f"deleted at startup).", file=sys.stderr)
+    else:
+        print(f"mfotel: to make TSDB blocks: promtool tsdb create-blocks-from openmetrics "
+              f"{om_path} {out_dir / 'data'}", file=sys.stderr)
+    return status
+
+
+def _iso(seconds: float | None) -> str:
+    return "-" if seconds is None else datetime.fromtimestamp(seconds).isoformat(timespec="seconds")
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    """A Markdown table per run."""
+    from .summary import summarize_markdown
+    try:
+        runs = _runs(args)
+    except FileNotFoundError as exc:
+        return _error(str(exc))
+    report = ParseReport()
+    with _progress(runs, args.quiet) as progress:
+        text = summarize_markdown(runs, report, progress)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return _finish(report, args)
+
+
+# --- registration --------------------------------------------------------------------------
+
+def _smooth(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"smoothing weight must be in [0, 1), got {text}")
+    return value
+
+
+def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Register plot, export, backfill and summary; each sets `func(args) -> exit code`."""
+    plot = subparsers.add_parser(
+        "plot", help="draw loss, lr, grad norm and throughput curves of runs",
+        description="Draw loss, learning rate, grad norm and throughput of one or more runs "
+                    "(overlaid, with a legend). NaN/Inf steps are marked with x.")
+    _common(plot)
+    plot.add_argument("-o", "--output", default="curves.png",
+                      help="image file; format from the extension (.png default, .svg, .pdf)")
+    plot.add_argument("--smooth", type=_smooth, default=None, metavar="W",
+                      help="also draw an exponential moving average with weight W in [0, 1), "
+                           "e.g. 0.9")
+    plot.add_argument("--log-scale", action="store_true",
+                      help="logarithmic y axis for loss, learning rate and grad norm")
+    plot.add_argument("--rank", type=int, action="append", default=[],
+                      help="only this rank (repeatable; default: all)")
+    plot.add_argument("--title", default=None)
+    plot.add_argument("--dpi", type=int, default=120)
+    plot.set_defaults(func=cmd_plot)
+
+    export = subparsers.add_parser(
+        "export", help="write runs as a tidy CSV",
+        description="One CSV line per (run, rank, step): run, rank, step, epoch, time, loss, "
+                    "learning_rate, grad_norm, throughput, step_time, loss_scale.")
+    _common(export)
+    export.add_argument("--csv", required=True, metavar="PATH", help="output CSV ('-' = stdout)")
+    export.set_defaults(func=cmd_export)
+
+    backfill = subparsers.add_parser(
+        "backfill", help="write runs as OpenMetrics for Prometheus (promtool backfill)",
+        description="Write OUT/backfill.om with the live metric names and labels "
+                    "(mindformers_train_loss{job_name,rank}, ...), one sample per logged step; "
+                    "with --create-blocks also run promtool to make TSDB blocks in OUT/data.")
+    _common(backfill)
+    backfill.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    backfill.add_argument("--file-name", default="backfill.om", help=argparse.SUPPRESS)
+    backfill.add_argument("--job-name", action="append", default=[],
+                          help="job_name label of the n-th RUN (repeatable; default: the run name)")
+    backfill.add_argument("--start", type=parse_time, default=None,
+                          help="time of step 0 for rows without a timestamp (mfotel text lines): "
+                               "unix seconds or ISO 8601")
+    backfill.add_argument("--step-seconds", type=_positive, default=1.0,
+                          help="seconds per step for rows without a timestamp (default 1)")
+    backfill.add_argument("--create-blocks", action="store_true",
+                          help="run promtool tsdb create-blocks-from openmetrics into OUT/data")
+    backfill.set_defaults(func=cmd_backfill)
+
+    summary = subparsers.add_parser(
+        "summary", help="Markdown summary table per run",
+        description="Per run: logs, config, and per rank the steps, first/last/min loss, first "
+                    "non-finite step with the lr and grad norm before it, mean throughput.")
+    _common(summary)
+    summary.add_argument("-o", "--output", default=None, help="write to this file, not stdout")
+    summary.set_defaults(func=cmd_summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m mfotel.logs_cli plot ...`) until mfotel.cli wires it."""
+    parser = argparse.ArgumentParser(prog="mfotel")
+    add_log_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
