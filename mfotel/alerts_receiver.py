@@ -25,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
+from .control import AlertControl, add_alert_control_arguments, alert_control_from_args
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9095
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -92,8 +94,9 @@ class AlertsReceiver:
 
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  jsonl_path: str | Path | None = None, out: TextIO | None = sys.stdout,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, control: AlertControl | None = None) -> None:
         self.host, self.requested_port = host, port
+        self.control = control  # mfotel.control: allow-listed alerts -> control file; None = off
         self.jsonl_path = Path(jsonl_path) if jsonl_path else None
         self.out, self.verbose = out, verbose
         self.alerts: list[ReceivedAlert] = []
@@ -171,6 +174,9 @@ class AlertsReceiver:
                 with open(self.jsonl_path, "a", encoding="utf-8") as file:
                     for alert in alerts:
                         file.write(json.dumps(asdict(alert), sort_keys=True) + "\n")
+            if self.control is not None:
+                for alert in alerts:
+                    self.control.handle(alert)
             self._cond.notify_all()
         return alerts
 
@@ -250,11 +256,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="also append every alert as a JSON line to PATH")
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="print each alert's description under its line")
+    add_alert_control_arguments(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    receiver = AlertsReceiver(args.host, args.port, jsonl_path=args.jsonl, verbose=args.verbose)
+    try:
+        control = alert_control_from_args(args)
+    except ValueError as error:
+        print(f"mfotel alerts-receiver: {error}", file=sys.stderr)
+        return 2
+    receiver = AlertsReceiver(args.host, args.port, jsonl_path=args.jsonl, verbose=args.verbose,
+                              control=control)
     try:
         receiver.start()
     except OSError as error:

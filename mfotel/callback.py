@@ -18,9 +18,12 @@ from mindspore.train import Callback
 
 from . import contract
 from .actions import ActionEngine
-from .config import ALIASES, MonitorConfig, check_writable, load_config, parse_config
+from .config import (ALIASES, ConfigError, MonitorConfig, check_writable, load_config,
+                     parse_config)
 from .extract import StepOutputs, is_finite, parse_net_outputs, to_float
-from .identity import RankIdentity, identity_from_env
+from .fastpage import loss_alert, page_async
+from .discovery import FileSdWriter, check_port_collision
+from .identity import RankIdentity, RunIdentity, finish_run, identity_from_env, rank_port, start_run
 from .instruments import Instruments
 from .sinks import ConsoleSink, FileSink, format_json, format_line
 from .telemetry import Telemetry
@@ -34,9 +37,12 @@ def _identity_after_init() -> RankIdentity:
     """Environment identity, corrected by MindSpore's communication layer once init() ran."""
     identity = identity_from_env()
     try:
-        from mindspore.communication import get_group_size, get_local_rank, get_rank
-        return dataclasses.replace(identity, rank=get_rank(), local_rank=get_local_rank(),
-                                   world_size=get_group_size())
+        from mindspore.communication import (_comm_helper, get_group_size, get_local_rank,
+                                             get_local_rank_size, get_rank)
+        if not getattr(_comm_helper, "_is_initialized", lambda: True)():
+            return identity  # without init() these echo the environment (local size 1)
+        return identity.with_communication(get_rank(), get_local_rank(), get_group_size(),
+                                           get_local_rank_size())
     except Exception:  # noqa: BLE001 - not initialised: a single process
         return identity
 
@@ -100,6 +106,11 @@ class OTelMonitor(Callback):
         self._closed = False
         self.actions: ActionEngine | None = None  # mfotel.actions
         self.final_scraped = False  # whether a scrape saw the final status before shutdown
+        # multi-rank (mfotel.identity / mfotel.discovery)
+        self.run: RunIdentity | None = None
+        self.file_sd: FileSdWriter | None = None
+        self._step_offset: int | None = None  # global step - cur_step_num, set at the first step
+        self._begin_step = 0                   # cur_step_num at train begin (resume)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "OTelMonitor":
@@ -134,23 +145,73 @@ class OTelMonitor(Callback):
 
     def _start(self, cb: Any) -> None:
         cfg, ident = self.config, self.identity
+        port = rank_port(cfg.prometheus.port, ident, cfg.source)  # colliding ranks: ConfigError
+        self.run = start_run(cfg.run, ident.rank, self.job_name, cfg.source)
         if cfg.actions.enabled:  # mfotel.actions; a ConfigError here stops before training
             self.actions = ActionEngine(cfg.actions, self.job_name, ident.rank, ident.world_size)
             self.actions.start(self._optimizer(cb), getattr(cb, "train_network", None))
-        self.telemetry = Telemetry(cfg, ident, self.job_name, on_error=self._on_telemetry_error)
+        self.telemetry = Telemetry(self._telemetry_config(), ident, self.job_name,
+                                   on_error=self._on_telemetry_error)
         meter = self.telemetry.start()
         self.instruments = Instruments(meter, {"job_name": self.job_name, "rank": str(ident.rank)},
-                                       cfg.metrics, ident.labels(), self.telemetry.native_meter)
+                                       cfg.metrics, {**ident.labels(), **self.run.labels()},
+                                       self.telemetry.native_meter, cardinality=cfg.cardinality,
+                                       seed_values=cfg.exports_seed_metrics(ident.rank))
         if self.actions is not None:
             self.instruments.state.actions = self.actions.counts
         self.telemetry.serve(lambda: self.instruments.version,
                              lambda: self.instruments.native_version)
+        self._start_multirank(cb, port)
         self._open_sinks()
         self._read_run_shape(cb)
         where = self.telemetry.endpoint.url if self.telemetry.endpoint else "off"
         log.info("mfotel: job %s rank %d/%d, /metrics %s", self.job_name, ident.rank,
                  ident.world_size, where)
         atexit.register(self.close)
+
+    # ------------------------------------------------------------------ multi-rank
+    def _telemetry_config(self) -> MonitorConfig:
+        """The config with identity and run attributes added to the OTel resource."""
+        extra = {**self.identity.resource_attributes(), **self.run.resource_attributes(),
+                 **self.config.resource_attributes}
+        return dataclasses.replace(self.config, resource_attributes=extra)
+
+    def _start_multirank(self, cb: Any, port: int) -> None:
+        """Explain a port held by another rank; write the file_sd file; note the resumed step."""
+        self._begin_step = int(getattr(cb, "cur_step_num", 0) or 0)
+        try:
+            if port and self.telemetry.endpoint is None:
+                check_port_collision(self.config, self.identity, self.job_name, port)
+            self.file_sd = FileSdWriter(self.config, self.identity, self.job_name)
+            try:
+                written = self.file_sd.write()
+            except OSError as exc:
+                raise ConfigError(self.config.source, "monitor_config.file_sd.path",
+                                  f"cannot write {self.file_sd.path} ({exc.strerror or exc})",
+                                  "choose a writable path (a directory Prometheus reads)") from None
+        except ConfigError:
+            self.telemetry.shutdown()  # an error before training: leave nothing bound
+            self.instruments = None
+            raise
+        if written is not None:
+            log.info("mfotel: rank %d wrote Prometheus file_sd targets to %s",
+                     self.identity.rank, written)
+
+    def _global_step(self, cb: Any) -> int:
+        """cur_step_num, continued from the resumed step (Model.train(initial_epoch=k) restarts
+        cur_step_num at 1; mindformers' resume starts it at the resumed step)."""
+        step = int(cb.cur_step_num)
+        if self._step_offset is None:
+            per_epoch, epoch = getattr(cb, "batch_num", 0), getattr(cb, "cur_epoch_num", 1)
+            per_epoch = per_epoch if isinstance(per_epoch, int) else 0
+            epoch = epoch if isinstance(epoch, int) else 1
+            epoch_start = (epoch - 1) * per_epoch
+            self._step_offset = epoch_start - self._begin_step if step <= epoch_start else 0
+            self._last_step = self._begin_step + self._step_offset
+            epochs = getattr(cb, "epoch_num", None)
+            if self._last_step and isinstance(epochs, int) and per_epoch:
+                self._total_steps = (epochs + epoch - 1) * per_epoch
+        return step + self._step_offset
 
     def _on_telemetry_error(self, stage: str) -> None:
         if self.instruments is not None:
@@ -212,14 +273,14 @@ class OTelMonitor(Callback):
     def _step_end(self, run_context: Any) -> None:
         wall, now = time.time(), time.perf_counter()
         cb = run_context.original_args()
-        step = int(cb.cur_step_num)
+        step = self._global_step(cb)
         advanced = max(step - self._last_step, 1)
         begin = self._step_begin if self._step_begin is not None else self._last_end
         step_seconds = (now - begin) / advanced if begin is not None else None
         if self._record_time is None:
             self._record_time = begin if begin is not None else now
         try:
-            out = parse_net_outputs(cb.net_outputs)
+            out = self._parse_outputs(cb)
         except Exception as exc:  # noqa: BLE001
             self._count_error("extract", exc)
             out = StepOutputs()
@@ -250,6 +311,10 @@ class OTelMonitor(Callback):
         self._last_step, self._last_end, self._step_begin = step, now, None
         self.instruments.touch()
 
+    def _parse_outputs(self, cb: Any) -> StepOutputs:
+        """StepOutputs of this step (mindformers' subclass fixes pipeline/micro-batch loss)."""
+        return parse_net_outputs(cb.net_outputs)
+
     def _crossed_record_step(self, step: int) -> bool:
         return any(self.config.is_record_step(s) for s in range(self._last_step + 1, step + 1))
 
@@ -276,6 +341,10 @@ class OTelMonitor(Callback):
                 st.nonfinite["loss"] += 1
                 if st.first_nonfinite_step is None:
                     st.first_nonfinite_step = step
+                    if self.config.alertmanager_url:  # fast path: page before the next scrape
+                        page_async(self.config.alertmanager_url,
+                                   loss_alert(self.job_name, self.identity.rank, step, out.loss),
+                                   lambda: self.instruments.count_error("alertmanager"))
                 self._warn_once("nonfinite", f"mfotel: loss is {out.loss} at step {step} on rank "
                                 f"{self.identity.rank} (job {self.job_name}); see "
                                 f"mindformers_train_nonfinite_total")
@@ -342,4 +411,9 @@ class OTelMonitor(Callback):
         for sink, _ in self.sinks:
             if isinstance(sink, FileSink):
                 sink.close()
+        if self.run is not None:  # multi-rank: run identity and file_sd
+            finish_run(self.config.run, self.identity.rank, self.job_name, self.run,
+                       self._last_step, completed)
+        if self.file_sd is not None and completed:
+            self.file_sd.remove()
         self.telemetry.shutdown()

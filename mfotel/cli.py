@@ -9,16 +9,35 @@ from typing import Any, Sequence
 import yaml
 
 from .alerts_receiver import add_alerts_receiver_command
-from .config import ConfigError, describe, load_config
+from .config import ConfigError, describe, load_config, read_yaml
+from .control import add_control_command
 from .contract import SEED_METRICS
 from .logs_cli import add_log_commands
 from .rules import add_rules_command
+
+
+def _is_mindformers_yaml(path: str) -> bool:
+    try:
+        document = read_yaml(path)
+    except ConfigError:
+        return False
+    return isinstance(document, dict) and any(
+        k in document for k in ("callbacks", "runner_wrapper", "context", "model", "trainer"))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate a training YAML's monitor settings; print the resolved values."""
     status = 0
     for path in args.config:
+        if _is_mindformers_yaml(path):
+            from .mindformers_check import check_mindformers_yaml
+            problems = check_mindformers_yaml(
+                path, use_mindformers=False if args.no_mindformers else None)
+            for problem in problems:
+                print(f"error: {problem}", file=sys.stderr)
+            if problems:
+                status = 2
+                continue
         try:
             cfg = load_config(path)
         except ConfigError as exc:
@@ -111,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="validate monitor_config in training YAML files")
     check.add_argument("config", nargs="+", help="training YAML file(s)")
+    check.add_argument("--no-mindformers", action="store_true",
+                       help="check a mindformers YAML without importing mindformers (faster)")
     check.set_defaults(func=cmd_check)
 
     demo = sub.add_parser("demo", help="train a tiny MindSpore network on the CPU with metrics")
@@ -140,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rules_command(sub)
     add_alerts_receiver_command(sub)
     add_log_commands(sub)
+    add_control_command(sub)
 
     dashboards = sub.add_parser("dashboards", help="generate the Grafana dashboards JSON")
     dashboards.add_argument("--out", default="grafana/dashboards")

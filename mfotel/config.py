@@ -24,9 +24,11 @@ SECTION = "monitor_config"
 class ConfigError(ValueError):
     """A bad monitor configuration; the message says where and how to fix it."""
 
-    def __init__(self, source: str, key: str, problem: str, fix: str) -> None:
+    def __init__(self, source: str, key: str | None = None, problem: str = "",
+                 fix: str = "") -> None:
         self.source, self.key, self.problem, self.fix = source, key, problem, fix
-        super().__init__(f"{source}: {key}: {problem}. Fix: {fix}")
+        # one argument: an already formatted message (frameworks re-raise `type(e)(str(e))`)
+        super().__init__(source if key is None else f"{source}: {key}: {problem}. Fix: {fix}")
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ class MonitorConfig:
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
     early_steps: int = 0           # use early_step_interval for the first N steps
+    alertmanager_url: str | None = None  # fast path: post a NaN loss alert straight there
     early_step_interval: int = 1
     batch_size: int | None = None  # samples per step on this rank, when the run can't tell
     seq_length: int | None = None  # tokens per sample, enables mindformers_train_tokens_total
@@ -408,6 +411,7 @@ _TOP: dict[str, Check] = {
     "log_rank": _log_rank, "job_name": _optional(_string),
     "on_nonfinite": _choice("warn", "stop"), "resource_attributes": _string_map,
     "early_steps": _int(0, example=100), "early_step_interval": _int(1, example=1),
+    "alertmanager_url": _optional(_string),
     "batch_size": _optional(_int(1, example=8)), "seq_length": _optional(_int(1, example=2048)),
     "native_series_limit": _int(1, example=20000),
     "actions": _actions,
@@ -491,6 +495,9 @@ def read_yaml(path: str | Path) -> Any:
             return yaml.safe_load(handle)
     except FileNotFoundError:
         raise ConfigError(str(path), "-", "file not found", "check the path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "-", f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+                          "save the file as UTF-8") from None
     except yaml.YAMLError as exc:
         fix = "fix the YAML syntax at the line shown"
         if "flow mapping" in str(exc) or "flow sequence" in str(exc):

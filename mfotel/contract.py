@@ -95,6 +95,9 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _m("rank_info", "mindformers.train.rank_info", "1", "gauge", "mindformers_train_rank_info",
        "Identity of this rank, for joins with device exporters (value 1)",
        labels=("local_rank", "node", "device_id", "host", "world_size")),
+    _m("actions", "mindformers.train.actions", "{action}", "counter", "mindformers_train_actions",
+       "Monitor-driven actions applied (stop, scale_lr, warn) by source (plateau, nonfinite, "
+       "control, alert)", labels=("action", "source")),
     _m("export_errors", "mfotel.export.errors", "{error}", "counter", "mfotel_export_errors",
        "Errors swallowed by mfotel to protect training", labels=("stage",)),
 )

@@ -108,6 +108,7 @@ def serve(app: Callable, host: str, port: int,
 
     class Server(ThreadingWSGIServer):
         """Per-call subclass so IPv6 hosts can set the address family."""
+        request_queue_size = 128  # listen backlog: socketserver's 5 drops bursts of scrapers
 
     if ":" in host:
         import socket

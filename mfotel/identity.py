@@ -1,10 +1,32 @@
-"""Who this process is in the job: rank, local rank, world size, node, device (pure)."""
+"""Who this process is in the job: rank, local rank, world size, node, device (pure).
+
+    ident = identity_from_env()                      # launcher variables, before init()
+    ident = ident.with_communication(rank=1, local_rank=1, world_size=2, local_world_size=2)
+    port = rank_port(9464, ident)                    # 9465, or ConfigError on a collision
+"""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import socket
+import uuid
 from dataclasses import dataclass
-from typing import Mapping
+from pathlib import Path
+from typing import Any, Mapping
+
+from .config import ConfigError, RunConfig
+
+MAX_PORT = 65535
+RANK_VARS = ("RANK_ID", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+WORLD_VARS = ("RANK_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "MS_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+LOCAL_WORLD_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                    "MPI_LOCALNRANKS")
+NODE_RANK_VARS = ("NODE_RANK", "MS_NODE_RANK", "GROUP_RANK")
+#: Kubernetes downward API (env: POD_NAME from metadata.name, POD_NAMESPACE from metadata.namespace)
+POD_VARS = ("POD_NAME", "MY_POD_NAME")
+NAMESPACE_VARS = ("POD_NAMESPACE", "MY_POD_NAMESPACE", "NAMESPACE")
 
 
 @dataclass(frozen=True)
@@ -12,32 +34,206 @@ class RankIdentity:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
-    node: str = ""        # host name of the node
-    device_id: str = ""   # accelerator index on the node (DEVICE_ID), "" on CPU
+    node: str = ""          # host name of the node
+    device_id: str = ""     # accelerator index on the node (DEVICE_ID), "" when unknown
+    local_world_size: int = 0  # ranks on this node; 0 = unknown
+    node_rank: int = 0
+    pod_name: str = ""      # Kubernetes pod, for joins with NPU-Exporter's pod_name
+    namespace: str = ""
+    local_rank_source: str = "default"  # where local_rank came from: init, env:NAME, default
+    node_rank_from_env: bool = False    # NODE_RANK-style variable given (else derived)
 
     def labels(self) -> dict[str, str]:
-        """Identity labels of `mindformers_train_rank_info` (joins with device exporters)."""
-        return {"local_rank": str(self.local_rank), "node": self.node,
-                "device_id": self.device_id, "host": self.node,
-                "world_size": str(self.world_size)}
+        """Identity labels of `mindformers_train_rank_info` (joins with device exporters).
+
+        `pod_name` and `namespace` are present only in Kubernetes (NPU-Exporter's join keys).
+        """
+        labels = {"local_rank": str(self.local_rank), "node": self.node,
+                  "device_id": self.device_id, "host": self.node,
+                  "world_size": str(self.world_size)}
+        if self.pod_name:
+            labels["pod_name"] = self.pod_name
+        if self.namespace:
+            labels["namespace"] = self.namespace
+        return labels
+
+    def resource_attributes(self) -> dict[str, str]:
+        """Extra OTel resource attributes (exposed on `target_info`)."""
+        attributes = {"mfotel.node_rank": str(self.node_rank)}
+        if self.local_world_size:
+            attributes["mfotel.local_world_size"] = str(self.local_world_size)
+        if self.pod_name:
+            attributes["k8s.pod.name"] = self.pod_name
+        if self.namespace:
+            attributes["k8s.namespace.name"] = self.namespace
+        return attributes
+
+    def with_communication(self, rank: int, local_rank: int, world_size: int,
+                           local_world_size: int = 0) -> "RankIdentity":
+        """The identity as MindSpore's communication layer reports it after `init()`."""
+        local_world = local_world_size or self.local_world_size
+        node_rank = self.node_rank
+        if not self.node_rank_from_env and local_world:
+            node_rank = rank // local_world  # msrun numbers ranks node by node
+        return dataclasses.replace(self, rank=rank, local_rank=local_rank,
+                                   world_size=max(world_size, 1), local_world_size=local_world,
+                                   node_rank=node_rank, local_rank_source="init")
 
 
-def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
+def _first_int(env: Mapping[str, str], names: tuple[str, ...],
+               default: int) -> tuple[int, str | None]:
     for name in names:
         value = env.get(name, "").strip()
         if value.lstrip("-").isdigit():
-            return int(value)
-    return default
+            return int(value), name
+    return default, None
+
+
+def _first_str(env: Mapping[str, str], names: tuple[str, ...]) -> str:
+    return next((env[n].strip() for n in names if env.get(n, "").strip()), "")
 
 
 def identity_from_env(env: Mapping[str, str] | None = None) -> RankIdentity:
-    """Identity from launcher variables (msrun / mpirun / torchrun style names)."""
+    """Identity from launcher variables (msrun / mpirun / torchrun style names).
+
+    msrun sets RANK_ID, RANK_SIZE and DEVICE_ID (the local device index, which is the local
+    rank on CPU); the true local rank is known only after `init()` (with_communication).
+    """
     env = os.environ if env is None else env
-    rank = _first_int(env, ("RANK_ID", "RANK", "OMPI_COMM_WORLD_RANK"), 0)
-    world = _first_int(env, ("RANK_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"), 1)
-    local = _first_int(env, ("LOCAL_RANK", "MS_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"), -1)
-    device = env.get("DEVICE_ID", "")
+    rank, _ = _first_int(env, RANK_VARS, 0)
+    world, _ = _first_int(env, WORLD_VARS, 1)
+    local, local_var = _first_int(env, LOCAL_RANK_VARS, -1)
+    local_world, _ = _first_int(env, LOCAL_WORLD_VARS, 0)
+    device = env.get("DEVICE_ID", "").strip()
+    source = f"env:{local_var}" if local_var else "default"
     if local < 0:
-        local = int(device) if device.isdigit() else 0
+        if device.isdigit():
+            local, source = int(device), "env:DEVICE_ID"
+        elif local_world:
+            local, source = rank % local_world, "env:rank%local_world_size"
+        else:
+            local = 0
+    node_rank, node_var = _first_int(env, NODE_RANK_VARS, 0)
+    if node_var is None and local_world:
+        node_rank = rank // local_world
     return RankIdentity(rank=rank, local_rank=local, world_size=max(world, 1),
-                        node=socket.gethostname(), device_id=device)
+                        node=socket.gethostname(), device_id=device,
+                        local_world_size=local_world, node_rank=node_rank,
+                        pod_name=_first_str(env, POD_VARS),
+                        namespace=_first_str(env, NAMESPACE_VARS), local_rank_source=source,
+                        node_rank_from_env=node_var is not None)
+
+
+def rank_port(base: int, identity: RankIdentity, source: str = "<kwargs>",
+              key: str = "monitor_config.prometheus.port") -> int:
+    """This rank's /metrics port: `base + local rank` (0 when `base` is 0 = endpoint off).
+
+    Raises ConfigError, before anything binds, when the ranks of one node cannot all get
+    distinct valid ports: the node's port range runs past 65535, or the local rank is not
+    below the node's rank count (two ranks would compute the same port).
+    """
+    if not base:
+        return 0
+    local, local_world = identity.local_rank, identity.local_world_size
+    who = f"rank {identity.rank} (local rank {local}"
+    who += f" of {local_world} on this node)" if local_world else ")"
+    if local < 0 or (local_world and local >= local_world):
+        raise ConfigError(source, key, f"{who}: the local rank is outside the node's ranks, so "
+                          f"two ranks on this node would serve the same port",
+                          "launch with msrun/torchrun (they set the local rank) or set "
+                          "LOCAL_RANK correctly; or set prometheus.port: 0")
+    last = base + max(local_world, local + 1) - 1
+    if last > MAX_PORT:
+        raise ConfigError(source, key, f"{base} + local rank runs past {MAX_PORT} ({who} needs "
+                          f"port {base + local}; the node needs up to {last})",
+                          f"use a base port of at most {MAX_PORT - max(local_world, local + 1) + 1}")
+    return base + local
+
+
+# ---------------------------------------------------------------- run identity across restarts
+RUN_ID_VARS = ("MFOTEL_RUN_ID", "TORCHELASTIC_RUN_ID")
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """The training run this process belongs to, and which attempt at it (1 = first start).
+
+    `configured` runs (an id or a state file given) put `run_id` and `attempt` on
+    `mindformers_train_rank_info`; every run puts them on `target_info`.
+    """
+    run_id: str
+    attempt: int = 1
+    configured: bool = False
+
+    @property
+    def restarts(self) -> int:
+        return self.attempt - 1
+
+    def labels(self) -> dict[str, str]:
+        return {"run_id": self.run_id, "attempt": str(self.attempt)} if self.configured else {}
+
+    def resource_attributes(self) -> dict[str, str]:
+        return {"mfotel.run_id": self.run_id, "mfotel.attempt": str(self.attempt)}
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_state(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_state_path(run: RunConfig, rank: int, job_name: str) -> Path | None:
+    if not run.state_file:
+        return None
+    return Path(run.state_file.format(rank=rank, job_name=job_name)).expanduser().absolute()
+
+
+def start_run(run: RunConfig, rank: int, job_name: str, source: str = "<kwargs>",
+              env: Mapping[str, str] | None = None) -> RunIdentity:
+    """Resolve the run id and count this attempt (in the state file, when one is configured).
+
+    The id is `run.id`, else $MFOTEL_RUN_ID / $TORCHELASTIC_RUN_ID, else the state file's (an
+    unfinished previous attempt: this is a restart), else new. Give the id explicitly in
+    multi-rank jobs, so that every rank reports the same one.
+    """
+    env = os.environ if env is None else env
+    explicit = run.id or _first_str(env, RUN_ID_VARS)
+    path = run_state_path(run, rank, job_name)
+    previous = _read_state(path) if path is not None else {}
+    unfinished = bool(previous) and previous.get("status") != "completed"
+    same_run = unfinished and (not explicit or previous.get("run_id") == explicit)
+    run_id = explicit or (previous.get("run_id") if same_run else None) or uuid.uuid4().hex[:12]
+    attempt = int(previous.get("attempt", 0)) + 1 if same_run else 1
+    identity = RunIdentity(run_id=str(run_id), attempt=attempt, configured=bool(explicit or path))
+    if path is not None:
+        try:
+            _write_state(path, {"run_id": identity.run_id, "attempt": attempt,
+                                "status": "running", "pid": os.getpid()})
+        except OSError as exc:
+            raise ConfigError(source, "monitor_config.run.state_file",
+                              f"cannot write {path} ({exc.strerror or exc})",
+                              "choose a writable state_file path") from None
+    return identity
+
+
+def finish_run(run: RunConfig, rank: int, job_name: str, identity: RunIdentity,
+               step: int | None, completed: bool) -> None:
+    """Record the end of this attempt; a completed run's next start is a new run."""
+    path = run_state_path(run, rank, job_name)
+    if path is None:
+        return
+    try:
+        _write_state(path, {"run_id": identity.run_id, "attempt": identity.attempt,
+                            "status": "completed" if completed else "failed", "step": step,
+                            "pid": os.getpid()})
+    except OSError:
+        pass  # the end of a run must not raise; the next start counts it as a restart

@@ -18,7 +18,7 @@ from .contract import CONTRACT, STATUS_INITIALISING, STEP_TIME_BUCKETS, MetricSp
 
 #: Label values pre-created at 0 so that `increase()` sees the very first event.
 NONFINITE_METRICS = ("loss", "grad_norm")
-ERROR_STAGES = ("callback", "extract", "sink", "server", "otlp")
+ERROR_STAGES = ("callback", "extract", "sink", "server", "otlp", "alertmanager")
 PENDING_LIMIT = 4096
 #: Cardinality `health`: these are exposed only by the metric ranks (one per data-parallel
 #: group); every rank keeps its health signals and an +Inf-only step-time histogram.
@@ -104,7 +104,7 @@ class Instruments:
             return observe_info
         if key == "actions":  # mfotel.actions: (action, source) -> count
             return lambda options: [Observation(count, {**attrs, "action": action, "source": source})
-                                    for (action, source), count in state.actions.items()]
+                                    for (action, source), count in list(state.actions.items())]
         if key in ("nonfinite", "export_errors"):
             label = "metric" if key == "nonfinite" else "stage"
             return lambda options: [Observation(count, {**attrs, label: name})

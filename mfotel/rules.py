@@ -187,9 +187,12 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                 ' First non-finite loss at step {{ . | first | value }}.{{ end }}')
     health = [
         _alert(cfg, "MindFormersLossNotFinite",
-               f"({m('mindformers_train_loss_finite')} == 0)\n"
-               f"or\n"
-               f"(sum without (metric) (increase({nf_loss}[{cfg.nonfinite_window}])) > 0)",
+               # by (job_name, rank) only: the callback's fast path posts the same labels,
+               # so Alertmanager deduplicates the two
+               f"max by (job_name, rank) (\n"
+               f"  ({m('mindformers_train_loss_finite')} == 0)\n"
+               f"  or\n"
+               f"  (sum without (metric) (increase({nf_loss}[{cfg.nonfinite_window}])) > 0)\n)",
                "0m", "critical", "Training loss is NaN or Inf.",
                f"The loss of {_WHO} is not finite (NaN/Inf) or was within the last "
                f"{cfg.nonfinite_window}; the run is diverging or its data/precision is "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -51,20 +52,38 @@ class ConsoleSink:
 
 
 class FileSink:
-    """Appends one flushed line per record; opened on construction so errors surface early."""
+    """Appends one flushed line per record; opened on construction so errors surface early.
+
+    Each line is one write() of a complete line, so a killed process leaves whole lines. If
+    the file or its directory is removed while training, it is created again (a stat per
+    record) rather than writing on into an unlinked file.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle: IO[str] | None = open(path, "a", encoding="utf-8", buffering=1)
+        self._handle: IO[str] | None = None
+        self._open()
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = open(self.path, "a", encoding="utf-8", buffering=1)
 
     def write(self, line: str) -> None:
-        if self._handle is None:
-            self._handle = open(self.path, "a", encoding="utf-8", buffering=1)
-        self._handle.write(line + "\n")
-        self._handle.flush()
+        if self._handle is None or not os.path.exists(self.path):
+            self.close()
+            self._open()
+        assert self._handle is not None
+        try:
+            self._handle.write(line + "\n")
+            self._handle.flush()
+        except OSError:
+            self.close()  # drop what is buffered; the next record reopens and appends
+            raise
 
     def close(self) -> None:
         if self._handle is not None:
-            self._handle.close()
+            try:
+                self._handle.close()
+            except OSError:
+                pass  # a full disk can fail the final flush too; nothing more to save
             self._handle = None

@@ -12,13 +12,14 @@ from typing import Any, Callable, Hashable, Sequence
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import ObservableGauge
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
 from .config import MonitorConfig
 from .exposition import CachedMetricsApp, CachingCollector, serve
 from .identity import RankIdentity
+from .otlp import OtlpPush
 from .webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("mfotel")
@@ -69,34 +70,6 @@ def build_resource(job_name: str, identity: RankIdentity,
     return Resource.create(attributes)
 
 
-class CountingExporter(MetricExporter):
-    """Wraps an exporter: a failed export is counted and warned about once, never raised."""
-
-    def __init__(self, inner: MetricExporter, on_error: Callable[[], None]) -> None:
-        super().__init__(preferred_temporality=inner._preferred_temporality,
-                         preferred_aggregation=inner._preferred_aggregation)
-        self.inner, self.on_error, self._warned = inner, on_error, False
-
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        try:
-            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - an exporter must never break training
-            result = MetricExportResult.FAILURE
-            if not self._warned:
-                log.warning("mfotel: OTLP export failed (%s); counting further failures in "
-                            "mfotel_export_errors_total{stage=\"otlp\"}", exc)
-                self._warned = True
-        if result is not MetricExportResult.SUCCESS:
-            self.on_error()
-        return result
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
 @dataclass
 class Endpoint:
     host: str
@@ -134,6 +107,7 @@ class Telemetry:
         self.providers: list[MeterProvider] = []
         self.native_meter: Any = None
         self.endpoint: Endpoint | None = None
+        self._otlp: OtlpPush | None = None
         self.app: CachedMetricsApp | None = None
         self.web = self._web_config()
 
@@ -157,16 +131,9 @@ class Telemetry:
         readers: list[MetricReader] = [PrometheusMetricReader(
             disable_target_info=native, scope_info_enabled=False, registry=source,
             cardinality_limits=limits)]
-        otlp = self.cfg.otlp
-        if otlp.endpoint:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-            inner = OTLPMetricExporter(endpoint=otlp.endpoint, headers=dict(otlp.headers),
-                                       timeout=otlp.timeout_seconds)
-            readers.append(PeriodicExportingMetricReader(
-                CountingExporter(inner, lambda: self.on_error("otlp")),
-                export_interval_millis=otlp.interval_seconds * 1000,
-                export_timeout_millis=otlp.timeout_seconds * 1000, cardinality_limits=limits))
+        if self.cfg.otlp.endpoint:  # push, off the training thread; one warning (mfotel.otlp)
+            self._otlp = self._otlp or OtlpPush(self.cfg.otlp, lambda: self.on_error("otlp"))
+            readers.append(self._otlp.reader(cardinality_limits=limits))
         return readers
 
     def start(self) -> Any:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -42,3 +43,16 @@ def test_demo_trains_and_shows_metrics(tmp_path, port):
     assert "loss: nan" in lines[1]
     assert 'mindformers_train_loss_finite{job_name="mfotel-demo",rank="0"} 0.0' in done.stdout
     assert 'mindformers_train_first_nonfinite_step{job_name="mfotel-demo",rank="0"} 15.0' in done.stdout
+
+
+def test_check_catches_mindformers_cpu_pitfall(tmp_path):
+    text = (Path(__file__).parents[1] / "examples/mindformers/tiny_llama_cpu.yaml").read_text()
+    assert "dump_path: ''" in text
+    path = tmp_path / "bad_llama.yaml"
+    path.write_text(text.replace("dump_path: ''", "dump_path: './dump'"))
+    done = mfotel("check", "--no-mindformers", str(path))
+    assert done.returncode == 2
+    assert "dump_path" in done.stderr and str(path) in done.stderr
+    ok = mfotel("check", "--no-mindformers",
+                str(Path(__file__).parents[1] / "examples/mindformers/tiny_llama_cpu.yaml"))
+    assert ok.returncode == 0, ok.stderr

@@ -36,6 +36,7 @@ GOLDEN = {
     "mindformers_train_first_nonfinite_step": ("gauge", JR),
     "mindformers_train_rank_info": ("gauge", ("device_id", "host", "job_name", "local_rank",
                                               "node", "rank", "world_size")),
+    "mindformers_train_actions": ("counter", ("action", "job_name", "rank", "source")),
     "mfotel_export_errors": ("counter", ("job_name", "rank", "stage")),
 }
 
@@ -54,6 +55,7 @@ def _full_exposition(port: int) -> str:
             setattr(st, key, 0.5)
         st.samples, st.tokens, st.step, st.steps, st.overflow, st.epoch = 8, 128, 1, 1, 0, 1
         st.last_step_timestamp, st.loss_finite, st.status, st.first_nonfinite_step = 1.0, 1, 1, 1
+        st.actions[("stop", "control")] = 1
         inst.record_step_seconds(0.2)
         return scrape(telemetry.endpoint.url)
     finally:

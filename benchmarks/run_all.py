@@ -1,0 +1,28 @@
+"""`make bench`: every benchmark in one run, each printing its table with in-run baselines."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = [
+    ("training-thread overhead per step", ["overhead.py", "--steps", "3000", "--repeats", "3"]),
+    ("scrape cost and training while scraped", ["scrape.py"]),
+    ("memory over 1M steps", ["memory.py"]),
+    ("log parsing speed", ["parse_speed.py"]),
+]
+
+
+def main() -> int:
+    status = 0
+    for title, argv in BENCHMARKS:
+        print(f"\n# {title}", flush=True)
+        done = subprocess.run([sys.executable, os.path.join(HERE, argv[0]), *argv[1:]],
+                              cwd=HERE, stderr=subprocess.DEVNULL)
+        status |= done.returncode
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Monitor-driven actions: local rules and the control file, applied at the same step on every rank.
+
+    engine = ActionEngine(cfg.actions, "llama", rank=0, world_size=1)
+    engine.start(optimizer, train_network)        # at train begin, before compilation
+    for request in engine.step_end(step, loss, recorded, optimizer):
+        if request.action == "stop":
+            run_context.request_stop()
+
+Sources of a decision: the plateau rule (no loss improvement of `min_delta` over `patience`
+records), the non-finite rule (the loss turns NaN/Inf) and `control.json` (`mfotel control`, or
+the alerts receiver). Only rank 0 decides: data-parallel ranks see different local losses and
+must not diverge. It applies a decision at once when it is alone; with several ranks it writes
+it to `schedule.json` with a step `lead_steps` ahead, and every rank (rank 0 included) applies
+it after that step. Each rank logs each applied action once and counts it in
+`mindformers_train_actions_total{action,source}`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from .config import ActionsConfig, ConfigError, PlateauRule
+from .control import (CONTROL_FILE, SCHEDULE_FILE, FileWatch, Request, new_request,
+                      parse_schedule, write_schedule)
+
+log = logging.getLogger("mfotel")
+
+
+class Plateau:
+    """Fires when `patience` records in a row bring no loss improvement of `min_delta`.
+
+    Non-finite losses are not records. After firing it waits `patience` records again.
+    """
+
+    def __init__(self, rule: PlateauRule) -> None:
+        self.rule = rule
+        self.best = math.inf
+        self.waited = 0
+
+    def update(self, loss: float | None) -> bool:
+        if loss is None or not math.isfinite(loss):
+            return False
+        if loss < self.best - self.rule.min_delta:
+            self.best, self.waited = loss, 0
+            return False
+        self.waited += 1
+        if self.waited >= self.rule.patience:
+            self.waited = 0
+            return True
+        return False
+
+
+class ActionEngine:
+    """Decides (rank 0), schedules and applies actions; see the module docstring."""
+
+    def __init__(self, cfg: ActionsConfig, job_name: str, rank: int = 0,
+                 world_size: int = 1) -> None:
+        self.cfg, self.job_name, self.rank, self.world_size = cfg, job_name, rank, world_size
+        self.leader = rank == 0
+        self.job_dir: Path | None = cfg.resolved_control_dir(job_name)
+        self.plateau = Plateau(cfg.plateau) if cfg.plateau else None
+        self.counts: dict[tuple[str, str], int] = {}
+        self.applied: list[Request] = []
+        self._schedule: list[Request] = []
+        self._ignored: set[str] = set()   # request ids from before this run
+        self._done: set[str] = set()
+        self._loss_was_finite = True
+        self._control = FileWatch(self.job_dir / CONTROL_FILE) if self.job_dir else None
+        self._schedule_watch = FileWatch(self.job_dir / SCHEDULE_FILE) if self.job_dir else None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------ start
+    def start(self, optimizer: Any = None, train_network: Any = None) -> None:
+        """Check the setup, prepare the control directory and the optimizer.
+
+        ConfigError when the setup cannot work (raised at train begin, before any step).
+        """
+        source = "monitor_config.actions"
+        rules = self.cfg.plateau or self.cfg.nonfinite
+        if self.world_size > 1 and rules and self.job_dir is None:
+            raise ConfigError(source, "control_dir", f"local rules on {self.world_size} ranks "
+                              "need a control directory: only rank 0 decides, and the other ranks "
+                              "learn the decision from it", "set actions.control_dir to a directory "
+                              "every rank can read, e.g. /shared/mfotel-control/{job_name}")
+        if self.job_dir is not None:
+            self._prepare_dir(source)
+        for pair in self._possible():
+            self.counts.setdefault(pair, 0)  # so that increase() sees the first action
+        if self.cfg.may_scale_lr and optimizer is not None:
+            from .lr_scale import make_scalable
+            try:
+                problem = make_scalable(optimizer, train_network)
+            except Exception as exc:  # noqa: BLE001 - an odd optimizer must not stop training
+                problem = f"{type(exc).__name__}: {exc}"
+            if problem:
+                log.warning("mfotel: scale_lr will not work: %s", problem)
+
+    def _prepare_dir(self, source: str) -> None:
+        assert self.job_dir is not None and self._control and self._schedule_watch
+        if self.leader:
+            try:
+                self.job_dir.mkdir(parents=True, exist_ok=True)
+                write_schedule(self.job_dir, [])  # a new run: nothing scheduled yet
+            except OSError as exc:
+                raise ConfigError(source, "control_dir", f"cannot write {self.job_dir} "
+                                  f"({exc.strerror or exc})", "choose a directory rank 0 can "
+                                  "create and write, readable by every rank") from None
+            stale = self._poll(self._control)
+            if isinstance(stale, dict) and stale.get("id"):
+                self._ignored.add(str(stale["id"]))
+                log.warning("mfotel: ignoring %s written before this run started (request %s)",
+                            self.job_dir / CONTROL_FILE, stale["id"])
+        else:
+            self._ignored.update(r.id for r in self._read_schedule())
+        log.info("mfotel: control directory %s (rank %d %s)", self.job_dir, self.rank,
+                 "decides" if self.leader else "follows rank 0")
+
+    def _possible(self) -> list[tuple[str, str]]:
+        pairs = [(rule.action, name) for name, rule in
+                 (("plateau", self.cfg.plateau), ("nonfinite", self.cfg.nonfinite)) if rule]
+        if self.job_dir is not None:
+            pairs += [(action, source) for source in ("control", "alert")
+                      for action in ("stop", "scale_lr")]
+        return pairs
+
+    # ------------------------------------------------------------ every step
+    def step_end(self, step: int, loss: float | None, recorded: bool,
+                 optimizer: Any = None) -> list[Request]:
+        """Decide, schedule and apply; returns the requests applied after `step`."""
+        if self.leader:
+            for request in self._decide(loss, recorded):
+                self._accept(request, step)
+        elif self._schedule_watch is not None:
+            changed, data = self._poll_schedule()
+            if changed:
+                self._merge(data)
+        due = [r for r in self._schedule if r.id not in self._done and r.step is not None
+               and r.step <= step]
+        return [request for request in due if self._apply(request, step, optimizer)]
+
+    def _decide(self, loss: float | None, recorded: bool) -> list[Request]:
+        decided: list[Request] = []
+        finite = loss is None or math.isfinite(loss)
+        rule = self.cfg.nonfinite
+        if rule and not finite and self._loss_was_finite:
+            decided.append(new_request(rule.action, rule.factor, "nonfinite", f"loss is {loss}"))
+        self._loss_was_finite = finite
+        if self.plateau and recorded and self.plateau.update(loss):
+            p = self.plateau.rule
+            decided.append(new_request(p.action, p.factor, "plateau", f"no loss improvement of "
+                                       f"{p.min_delta:g} in {p.patience} records, best "
+                                       f"{self.plateau.best:.6g}"))
+        if self._control is not None:
+            data = self._poll(self._control)
+            if data is not None:
+                try:
+                    request = Request.from_json(data)
+                except ValueError as exc:
+                    self._warn_once(f"control:{exc}",
+                                    f"mfotel: ignoring {self._control.path}: {exc}")
+                else:
+                    known = self._ignored | {r.id for r in self._schedule}
+                    if request.id not in known:
+                        decided.append(request)
+        return decided
+
+    def _accept(self, request: Request, step: int) -> None:
+        lead = self.cfg.lead_steps if self.world_size > 1 else 0
+        scheduled = dataclasses.replace(request, step=step + lead)
+        self._schedule.append(scheduled)
+        if self.job_dir is not None:
+            write_schedule(self.job_dir, self._schedule)
+        if lead:
+            log.warning("mfotel: step %d: rank 0 scheduled %s for step %d on all %d ranks",
+                        step, request.describe(), step + lead, self.world_size)
+
+    def _merge(self, data: Any) -> None:
+        try:
+            scheduled = parse_schedule(data)
+        except ValueError as exc:
+            self._warn_once(f"schedule:{exc}", f"mfotel: ignoring {SCHEDULE_FILE}: {exc}")
+            return
+        known = {r.id for r in self._schedule}
+        self._schedule += [r for r in scheduled if r.id not in known and r.id not in self._ignored]
+
+    def _apply(self, request: Request, step: int, optimizer: Any) -> bool:
+        self._done.add(request.id)
+        late = step - (request.step or step)
+        if late:
+            log.error("mfotel: rank %d applies %s at step %d, %d steps after the scheduled step "
+                      "%d: it read %s late. Fix: raise actions.lead_steps", self.rank,
+                      request.describe(), step, late, request.step, SCHEDULE_FILE)
+        if request.action == "scale_lr":
+            from .lr_scale import LrNotScalable, scale_learning_rate
+            try:
+                scale_learning_rate(optimizer, request.factor or 1.0)
+            except LrNotScalable as exc:
+                log.error("mfotel: step %d: cannot apply %s: %s", step, request.describe(), exc)
+                return False
+        log.warning("mfotel: step %d: %s on rank %d (job %s, request %s)", step,
+                    request.describe(), self.rank, self.job_name, request.id)
+        key = (request.action, request.source)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.applied.append(request)
+        return True
+
+    # ------------------------------------------------------------ files
+    def _poll(self, watch: FileWatch) -> Any:
+        try:
+            return watch.poll()[1]
+        except ValueError as exc:
+            self._warn_once(f"poll:{exc}", f"mfotel: {exc}; ignored until it changes")
+            return None
+
+    def _poll_schedule(self) -> tuple[bool, Any]:
+        assert self._schedule_watch is not None
+        try:
+            return self._schedule_watch.poll()
+        except ValueError as exc:
+            self._warn_once(f"poll:{exc}", f"mfotel: {exc}; ignored until it changes")
+            return False, None
+
+    def _read_schedule(self) -> list[Request]:
+        changed, data = self._poll_schedule()
+        if not changed or data is None:
+            return []
+        try:
+            return parse_schedule(data)
+        except ValueError:
+            return []
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)

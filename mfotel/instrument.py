@@ -1,0 +1,148 @@
+"""`mfotel-instrument <command>`: run any command with mfotel registered in mindformers.
+
+    mfotel-instrument python run_mindformer.py --config llama.yaml
+    mfotel-instrument msrun --worker_num=8 ... run_mindformer.py --config llama.yaml
+
+In the style of `opentelemetry-instrument`: a directory holding a `sitecustomize.py` goes first
+on PYTHONPATH and the command replaces this process (execvp). Every Python process the command
+starts (msrun's workers included, they inherit the environment) runs that sitecustomize at
+start-up. It costs next to nothing there (it imports nothing, it installs an import hook); when
+the process imports mindformers, the hook imports `mfotel.mindformers` right after, which
+registers `OTelMonitor` and `CPUTrainOneStepCell` before any Trainer can build its callbacks.
+A `sitecustomize` that was already on the path (Debian ships one) still runs: ours chains to it.
+
+The directory is written once per user (MFOTEL_INSTRUMENT_DIR overrides where).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+USAGE = """usage: mfotel-instrument COMMAND [ARGS...]
+
+Runs COMMAND with mfotel registered in every mindformers process it starts, so that a
+mindformers YAML can list `{type: OTelMonitor, ...}` under `callbacks:` without code changes.
+
+examples:
+  mfotel-instrument python run_mindformer.py --config finetune.yaml
+  mfotel-instrument msrun --worker_num=8 --local_worker_num=8 run_mindformer.py --config x.yaml
+"""
+
+#: Set in the environment of the command, so that processes (and tests) can tell.
+ENV_FLAG = "MFOTEL_INSTRUMENTED"
+ENV_DIR = "MFOTEL_INSTRUMENT_DIR"
+
+SITECUSTOMIZE = '''\
+"""Written by mfotel-instrument (safe to delete): registers mfotel when mindformers is imported.
+
+Self-contained on purpose: a process that never imports mindformers imports nothing more.
+"""
+import importlib.abc as _abc
+import importlib.machinery as _machinery
+import importlib.util as _util
+import os as _os
+import sys as _sys
+
+
+class _MfotelPostImportHook(_abc.MetaPathFinder):
+    """Imports mfotel.mindformers right after mindformers finished importing (one shot)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "mindformers":
+            return None
+        _sys.meta_path.remove(self)
+        spec = _util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            try:
+                import mfotel.mindformers  # noqa: F401  registers OTelMonitor, CPUTrainOneStepCell
+            except Exception as exc:  # never break the user's import
+                _sys.stderr.write("mfotel-instrument: registering mfotel in mindformers failed "
+                                  f"({type(exc).__name__}: {exc})\\n")
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def _mfotel_chain_sitecustomize():
+    """Run the sitecustomize this one shadows (e.g. Debian's), as site would have."""
+    own = _os.path.dirname(_os.path.abspath(__file__))
+    rest = [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != own]
+    spec = _machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    try:
+        spec.loader.exec_module(_util.module_from_spec(spec))
+    except Exception as exc:  # site ignores a failing sitecustomize too
+        _sys.stderr.write(f"mfotel-instrument: {spec.origin} failed "
+                          f"({type(exc).__name__}: {exc})\\n")
+
+
+if "mindformers" in _sys.modules:
+    import mfotel.mindformers  # noqa: F401
+elif not any(type(f).__name__ == "_MfotelPostImportHook" for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _MfotelPostImportHook())
+_mfotel_chain_sitecustomize()
+'''
+
+
+def bootstrap_dir() -> Path:
+    """The directory holding mfotel's sitecustomize.py (created if needed)."""
+    candidates = [os.environ.get(ENV_DIR)] if os.environ.get(ENV_DIR) else []
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    candidates += [os.path.join(cache, "mfotel", "instrument"),
+                   os.path.join(tempfile.gettempdir(), f"mfotel-{os.getuid()}", "instrument")]
+    errors = []
+    for candidate in candidates:
+        path = Path(candidate)
+        try:
+            _write_if_changed(path / "sitecustomize.py", SITECUSTOMIZE)
+            return path
+        except OSError as exc:
+            errors.append(f"{path}: {exc.strerror or exc}")
+    raise SystemExit("mfotel-instrument: cannot write sitecustomize.py (" + "; ".join(errors)
+                     + f"). Fix: set {ENV_DIR} to a writable directory")
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)  # atomic: concurrent launches on one node never see half a file
+
+
+def instrumented_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with the bootstrap directory first on PYTHONPATH."""
+    env = dict(os.environ if env is None else env)
+    directory = str(bootstrap_dir())
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != directory]
+    env["PYTHONPATH"] = os.pathsep.join([directory, *paths])
+    env[ENV_FLAG] = "1"
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        raise SystemExit(0 if args else 2)
+    env = instrumented_env()
+    try:
+        os.execvpe(args[0], args, env)
+    except FileNotFoundError:
+        raise SystemExit(f"mfotel-instrument: command not found: {args[0]}") from None
+    except PermissionError:
+        raise SystemExit(f"mfotel-instrument: not executable: {args[0]}") from None
+
+
+if __name__ == "__main__":
+    main()

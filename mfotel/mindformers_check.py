@@ -1,0 +1,191 @@
+"""Check a full mindformers YAML before a run: `mfotel check finetune.yaml`.
+
+    problems = check_mindformers_yaml("finetune.yaml")   # [] when the file is fine
+
+Checks, each problem one line naming the file, the key and the fix:
+- the native `monitor_config` through mindformers' own template (unknown keys raise KeyError at
+  start) and TrainingStateMonitor's own validation, when mindformers is installed (the import
+  takes seconds; its log goes to a temporary directory unless LOG_MF_PATH is set); a copy of the
+  1.9 key list otherwise; mfotel keys put there by mistake are pointed to the callback entry;
+- the `{type: OTelMonitor, ...}` callback entries through mfotel's own config;
+- known pitfalls: CPU runs with a non-empty `monitor_config.dump_path` (its default is ./dump),
+  Ascend-only native metrics on CPU, MFTrainOneStepCell on CPU, Llama without `use_rope_slice`
+  on CPU, `grad_norm` asked for while the train cell does not clip (so returns no norm).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from .config import KNOWN_KEYS, ConfigError, _did_you_mean, parse_config, read_yaml
+
+#: mindformers 1.9 `MonitorConfig` keys (tools/register/template.py), used without mindformers.
+NATIVE_MONITOR_KEYS: tuple[str, ...] = (
+    "monitor_on", "dump_path", "target", "invert", "step_interval", "local_loss_format",
+    "local_norm_format", "device_local_norm_format", "device_local_loss_format",
+    "optimizer_state_format", "weight_state_format", "max_attention_logit_format",
+    "throughput_baseline", "print_struct", "check_for_global_norm", "global_norm_spike_threshold",
+    "global_norm_spike_count_threshold", "stable_rank_config", "health_checkpoint")
+NATIVE_DEFAULT_DUMP_PATH = "./dump"
+#: Native metrics that only a TensorDump (Ascend) produces.
+DUMP_ONLY_FORMATS = ("device_local_norm_format", "local_loss_format")
+
+
+def check_mindformers_yaml(path: str | Path, use_mindformers: bool | None = None) -> list[str]:
+    """Problems of a mindformers YAML, [] if none. `use_mindformers`: None = when installed."""
+    source = str(path)
+    try:
+        document = read_yaml(path)
+    except ConfigError as exc:
+        return [str(exc)]
+    if not isinstance(document, Mapping):
+        return [f"{source}: -: the file is not a YAML mapping. Fix: write a mindformers config"]
+    if use_mindformers is None:
+        use_mindformers = _mindformers_installed()
+    problems: list[str] = []
+    problems += _check_monitor_config(source, document, use_mindformers)
+    problems += _check_callbacks(source, document)
+    problems += _check_cpu(source, document)
+    return problems
+
+
+# ---------------------------------------------------------------------------- monitor_config
+def _check_monitor_config(source: str, document: Mapping[str, Any], use_mindformers: bool
+                          ) -> list[str]:
+    monitor = document.get("monitor_config")
+    if monitor is None:
+        return []
+    if not isinstance(monitor, Mapping):
+        return [f"{source}: monitor_config: {monitor!r} is not a mapping. "
+                f"Fix: indent its keys under monitor_config as key: value pairs"]
+    native_keys = _native_keys() if use_mindformers else NATIVE_MONITOR_KEYS
+    problems = []
+    for key in monitor:
+        if key in native_keys:
+            continue
+        if key in KNOWN_KEYS:
+            problems.append(
+                f"{source}: monitor_config.{key}: mindformers rejects this mfotel key here "
+                f"(KeyError at start). Fix: move it to the callback entry "
+                f"`callbacks: [..., {{type: OTelMonitor, {key}: ...}}]`")
+        else:
+            problems.append(
+                f"{source}: monitor_config.{key}: unknown key, mindformers raises KeyError at "
+                f"start. Fix: remove it{_did_you_mean(key, native_keys)}")
+    if use_mindformers and not problems:
+        problems += _native_validation(source, monitor)
+    return problems
+
+
+def _native_validation(source: str, monitor: Mapping[str, Any]) -> list[str]:
+    """mindformers' template, then TrainingStateMonitor's own checks (what Trainer runs)."""
+    _quiet_mindformers_log()
+    from mindformers.core.callback.callback import TrainingStateMonitor
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.tools.register.template import MonitorConfig
+    try:
+        applied = MonitorConfig.apply(dict(monitor))
+    except (KeyError, TypeError, ValueError) as exc:
+        return [f"{source}: monitor_config: {exc}"]
+    if not applied.get("monitor_on"):
+        return []
+    try:
+        TrainingStateMonitor(origin_epochs=1, config=MindFormerConfig(**applied),
+                             step_interval=applied.get("step_interval", 1))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return [f"{source}: monitor_config: {exc} (mindformers' TrainingStateMonitor)"]
+    return []
+
+
+def _native_keys() -> tuple[str, ...]:
+    _quiet_mindformers_log()
+    from mindformers.tools.register.template import MonitorConfig
+    return tuple(MonitorConfig.keys())
+
+
+# ---------------------------------------------------------------------------- callbacks
+def _check_callbacks(source: str, document: Mapping[str, Any]) -> list[str]:
+    callbacks = document.get("callbacks")
+    if callbacks is None:
+        return []
+    if not isinstance(callbacks, list):
+        return [f"{source}: callbacks: {callbacks!r} is not a list. "
+                f"Fix: write `callbacks:` followed by `- type: ...` items"]
+    problems, found = [], []
+    for i, entry in enumerate(callbacks):
+        if not isinstance(entry, Mapping) or "type" not in entry:
+            problems.append(f"{source}: callbacks[{i}]: {entry!r} has no `type`. "
+                            f"Fix: write `- type: MFLossMonitor` style items")
+            continue
+        if entry["type"] != "OTelMonitor":
+            continue
+        found.append(i)
+        kwargs = {k: v for k, v in entry.items() if k not in ("type", "auto_register")}
+        try:
+            parse_config(kwargs, source, prefix=f"callbacks[{i}]")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if len(found) > 1:
+        problems.append(f"{source}: callbacks[{found[1]}]: a second OTelMonitor entry (the "
+                        f"first is callbacks[{found[0]}]); both would serve the same port. "
+                        f"Fix: keep one")
+    return problems
+
+
+# ---------------------------------------------------------------------------- CPU pitfalls
+def _check_cpu(source: str, document: Mapping[str, Any]) -> list[str]:
+    context = document.get("context") or {}
+    target = context.get("device_target", "") if isinstance(context, Mapping) else ""
+    if str(target).upper() != "CPU":
+        return []
+    problems = []
+    monitor = document.get("monitor_config")
+    wrapper = document.get("runner_wrapper") or {}
+    wrapper = wrapper if isinstance(wrapper, Mapping) else {}
+    if isinstance(monitor, Mapping) and monitor.get("monitor_on"):
+        dump_path = monitor.get("dump_path", NATIVE_DEFAULT_DUMP_PATH)
+        if dump_path:
+            unset = "" if "dump_path" in monitor else " (mindformers' default when unset)"
+            problems.append(
+                f"{source}: monitor_config.dump_path: {dump_path!r}{unset} makes the train cell "
+                f"use TensorDump, which is Ascend-only: the CPU run fails. "
+                f"Fix: set dump_path: '' on CPU")
+        for key in DUMP_ONLY_FORMATS:
+            if monitor.get(key):
+                problems.append(f"{source}: monitor_config.{key}: produced only through "
+                                f"TensorDump (Ascend); a CPU run reports nothing. "
+                                f"Fix: set it to null")
+        if monitor.get("local_norm_format") and not wrapper.get("local_norm"):
+            problems.append(f"{source}: monitor_config.local_norm_format: on CPU local norms come "
+                            f"only from the train cell. Fix: set runner_wrapper.local_norm: True")
+    if wrapper.get("type") in ("MFTrainOneStepCell", "MFPipelineWithLossScaleCell"):
+        problems.append(f"{source}: runner_wrapper.type: {wrapper['type']} checks overflow with "
+                        f"NPUGetFloatStatusV2, which has no CPU kernel. "
+                        f"Fix: type: CPUTrainOneStepCell (registered by mfotel.mindformers)")
+    model_config = (document.get("model") or {}).get("model_config") or {}
+    if isinstance(model_config, Mapping) and "llama" in str(model_config.get("type", "")).lower() \
+            and not model_config.get("use_rope_slice"):
+        problems.append(f"{source}: model.model_config.use_rope_slice: the default rotary "
+                        f"embedding path has no CPU kernel. Fix: use_rope_slice: True")
+    for i, entry in enumerate(document.get("callbacks") or []):
+        if isinstance(entry, Mapping) and entry.get("type") == "OTelMonitor":
+            metrics = entry.get("metrics") or []
+            if "grad_norm" in metrics and not wrapper.get("use_clip_grad"):
+                problems.append(f"{source}: callbacks[{i}].metrics: grad_norm is asked for but "
+                                f"the train cell returns a gradient norm only when it clips. "
+                                f"Fix: set runner_wrapper.use_clip_grad: True")
+    return problems
+
+
+# ---------------------------------------------------------------------------- helpers
+def _mindformers_installed() -> bool:
+    from importlib.util import find_spec
+    return find_spec("mindformers") is not None
+
+
+def _quiet_mindformers_log() -> None:
+    """mindformers logs to ./output/log on import; send it to a temporary directory instead."""
+    if "LOG_MF_PATH" not in os.environ:
+        os.environ["LOG_MF_PATH"] = tempfile.mkdtemp(prefix="mfotel-check-mindformers-log-")

@@ -1,0 +1,113 @@
+"""OTLP/HTTP push for clusters Prometheus cannot scrape, off the training thread.
+
+The OTel PeriodicExportingMetricReader collects and exports on its own thread; the training
+thread only assigns plain attributes. When the collector is down or hangs, an export fails
+after `otlp.timeout_seconds` on that thread: the failure is counted in
+`mfotel_export_errors_total{stage="otlp"}` and warned about once (the SDK's own per-failure
+log lines are absorbed into that one warning). At the end of training, the final push waits
+at most `otlp.timeout_seconds`.
+
+    push = OtlpPush(cfg.otlp, on_error=lambda: count("otlp"))
+    provider = MeterProvider(metric_readers=[push.reader()], resource=resource)
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from opentelemetry.sdk.metrics.export import (MetricExporter, MetricExportResult,
+                                              PeriodicExportingMetricReader)
+
+from .config import OtlpConfig
+
+log = logging.getLogger("mfotel")
+#: Loggers of the OTLP exporter that log every failed export (and every retry).
+SDK_EXPORT_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
+                      "opentelemetry.exporter.http_transport")
+
+
+class _AbsorbExportLogs(logging.Filter):
+    """Drops the SDK's export log records emitted while one of our exports runs (that
+    thread only), keeping the last message as the reason for mfotel's single warning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+        self.last: dict[int, str] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread in self.threads:
+            self.last[record.thread] = record.getMessage()
+            return False
+        return True
+
+
+_ABSORB = _AbsorbExportLogs()
+
+
+def _install_filter() -> None:
+    for name in SDK_EXPORT_LOGGERS:
+        logger = logging.getLogger(name)
+        if _ABSORB not in logger.filters:
+            logger.addFilter(_ABSORB)
+
+
+class CountingExporter(MetricExporter):
+    """Wraps an exporter: a failed export is counted and warned about once, never raised."""
+
+    def __init__(self, inner: MetricExporter, on_error: Callable[[], None],
+                 warn_once: Callable[[str], None], endpoint: str = "") -> None:
+        super().__init__(preferred_temporality=inner._preferred_temporality,
+                         preferred_aggregation=inner._preferred_aggregation)
+        self.inner, self.on_error, self.warn_once, self.endpoint = inner, on_error, warn_once, endpoint
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        thread = threading.get_ident()
+        _ABSORB.threads.add(thread)
+        reason = ""
+        try:
+            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - an exporter must never break training
+            result, reason = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
+        finally:
+            _ABSORB.threads.discard(thread)
+            reason = reason or _ABSORB.last.pop(thread, "")
+        if result is not MetricExportResult.SUCCESS:
+            self.on_error()
+            self.warn_once(f"mfotel: OTLP export to {self.endpoint} failed ({reason or 'no reason given'}); "
+                           f"training continues, further failures are counted in "
+                           f"mfotel_export_errors_total{{stage=\"otlp\"}}")
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+class OtlpPush:
+    """Creates the OTLP readers of one Telemetry; their failures share one warning."""
+
+    def __init__(self, cfg: OtlpConfig, on_error: Callable[[], None]) -> None:
+        self.cfg, self.on_error = cfg, on_error
+        self.warned = False
+        _install_filter()
+
+    def _warn_once(self, message: str) -> None:
+        if not self.warned:
+            self.warned = True
+            log.warning(message)
+
+    def reader(self, **reader_kwargs: Any) -> PeriodicExportingMetricReader:
+        """A periodic reader pushing to `cfg.endpoint` (kwargs go to the reader)."""
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        cfg = self.cfg
+        inner = OTLPMetricExporter(endpoint=cfg.endpoint, headers=dict(cfg.headers),
+                                   timeout=cfg.timeout_seconds)
+        return PeriodicExportingMetricReader(
+            CountingExporter(inner, self.on_error, self._warn_once, cfg.endpoint or ""),
+            export_interval_millis=cfg.interval_seconds * 1000,
+            export_timeout_millis=cfg.timeout_seconds * 1000, **reader_kwargs)

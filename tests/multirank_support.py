@@ -1,0 +1,157 @@
+"""Helpers of the multi-rank tests: launch ranks, poll their endpoints, wait on Prometheus."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from conftest import samples, scrape
+from mfotel.stack import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "multirank" / "train_dp.py"
+VENV_BIN = Path(sys.executable).parent
+RANK_VARS = ("RANK_ID", "RANK", "RANK_SIZE", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+             "DEVICE_ID", "MS_ROLE", "MS_NODE_ID", "MS_WORKER_NUM", "MS_SCHED_HOST",
+             "MS_SCHED_PORT")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The test's environment with the venv first on PATH (msrun starts plain `python`)."""
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env.setdefault("GLOG_v", "3")
+    env.update(extra)
+    return env
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """A base port with `count` consecutive free ports (rank r serves base + r)."""
+    for _ in range(50):
+        base = free_port(host)
+        if base + count - 1 > 65535:
+            continue
+        try:
+            for offset in range(1, count):
+                with socket.socket() as sock:
+                    sock.bind((host, base + offset))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no block of {count} free ports")
+
+
+def msrun_command(args: list[str], master_port: int, log_dir: Path, workers: int = 2) -> list[str]:
+    return [str(VENV_BIN / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
+            "--master_addr=127.0.0.1", f"--master_port={master_port}", "--join=True",
+            f"--log_dir={log_dir}", str(EXAMPLE), *args]
+
+
+def start(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
+    """A child in its own process group (so that stop() reaches its workers too)."""
+    with open(log, "wb") as handle:
+        return subprocess.Popen(command, env=env, cwd=cwd, stdout=handle,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Terminate the child's process group; kill it if it does not exit in time."""
+    if process.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str,
+               interval: float = 0.25, alive: subprocess.Popen | None = None) -> Any:
+    """Poll `check` until it returns something truthy; TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        if alive is not None and alive.poll() is not None:
+            raise RuntimeError(f"the run exited ({alive.returncode}) while waiting for {what}")
+        time.sleep(interval)
+    raise TimeoutError(f"{what}: not seen within {timeout:.0f} s")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class EndpointPoller:
+    """Scrapes every URL and reads every file in a background thread; keeps what it saw."""
+
+    def __init__(self, urls: dict[Any, str], files: tuple[Path, ...] = (),
+                 interval: float = 0.1) -> None:
+        self.urls, self.files, self.interval = urls, files, interval
+        self.bodies: dict[Any, list[dict]] = {name: [] for name in urls}
+        self.file_texts: dict[Path, list[str]] = {path: [] for path in files}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, url in self.urls.items():
+                try:
+                    self.bodies[name].append(samples(scrape(url)))
+                except (OSError, ValueError):
+                    pass
+            for path in self.files:
+                try:
+                    text = path.read_text()
+                except OSError:
+                    continue
+                seen = self.file_texts[path]
+                if text and (not seen or seen[-1] != text):
+                    seen.append(text)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "EndpointPoller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def prometheus_config(targets_glob: str, rule_files: list[str], job: str = "mfotel") -> str:
+    """Scrape every second through file_sd; evaluate rules every second."""
+    rules = "\n".join(f"  - {name}" for name in rule_files)
+    return f"""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+  scrape_timeout: 1s
+rule_files:
+{rules}
+scrape_configs:
+  - job_name: {job}
+    file_sd_configs:
+      - files: ["{targets_glob}"]
+        refresh_interval: 1s
+"""
+
+
+def value_of(result: list[dict]) -> list[float]:
+    return [float(r["value"][1]) for r in result]

@@ -1,0 +1,97 @@
+"""`check_mindformers_yaml`: a full mindformers YAML, its native monitor_config and OTelMonitor entry."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mfotel.mindformers_check import check_mindformers_yaml
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mindformers" / "tiny_llama_cpu.yaml"
+
+CPU_BASE = """\
+context: {device_target: CPU, mode: 0}
+model:
+  model_config: {type: LlamaConfig, use_rope_slice: True}
+runner_wrapper: {type: CPUTrainOneStepCell, use_clip_grad: True}
+"""
+
+
+def check(tmp_path: Path, text: str, **kwargs) -> list[str]:
+    path = tmp_path / "run.yaml"
+    path.write_text(textwrap.dedent(text))
+    return check_mindformers_yaml(path, **kwargs)
+
+
+def test_the_example_is_clean():
+    assert check_mindformers_yaml(EXAMPLE, use_mindformers=False) == []
+
+
+@pytest.mark.parametrize("text, expected", [
+    # CPU pitfalls
+    (CPU_BASE + "monitor_config: {monitor_on: True}\n",
+     "monitor_config.dump_path: './dump' (mindformers' default when unset)"),
+    (CPU_BASE + "monitor_config: {monitor_on: True, dump_path: ./d}\n",
+     "TensorDump, which is Ascend-only"),
+    (CPU_BASE + "monitor_config: {monitor_on: True, dump_path: '', local_loss_format: log}\n",
+     "monitor_config.local_loss_format: produced only through TensorDump"),
+    (CPU_BASE + "monitor_config: {monitor_on: True, dump_path: '', local_norm_format: log}\n",
+     "Fix: set runner_wrapper.local_norm: True"),
+    (CPU_BASE.replace("CPUTrainOneStepCell", "MFTrainOneStepCell"),
+     "Fix: type: CPUTrainOneStepCell"),
+    (CPU_BASE.replace("use_rope_slice: True", "use_rope_slice: False"),
+     "Fix: use_rope_slice: True"),
+    (CPU_BASE.replace(", use_clip_grad: True", "")
+     + "callbacks: [{type: OTelMonitor, metrics: [loss, grad_norm]}]\n",
+     "Fix: set runner_wrapper.use_clip_grad: True"),
+    # native monitor_config keys
+    ("monitor_config: {monitor_on: True, metrics: [loss]}\n",
+     "monitor_config.metrics: mindformers rejects this mfotel key here"),
+    ("monitor_config: {monitor_on: True, dump_pth: x}\n", "(did you mean 'dump_path'?)"),
+    # the OTelMonitor entry
+    ("callbacks: [{type: MFLossMonitor}, {type: OTelMonitor, step_interval: 0}]\n",
+     "callbacks[1].step_interval: 0 is not a whole number >= 1"),
+    ("callbacks:\n  - type: OTelMonitor\n    output: {consol: true}\n",
+     "(did you mean 'console'?)"),
+    ("callbacks: [{type: OTelMonitor}, {type: OTelMonitor}]\n", "a second OTelMonitor entry"),
+    ("callbacks: [{step_interval: 3}]\n", "callbacks[0]: {'step_interval': 3} has no `type`"),
+])
+def test_problem_is_reported(tmp_path, text, expected):
+    problems = check(tmp_path, text, use_mindformers=False)
+    assert any(expected in p for p in problems), problems
+
+
+def test_not_cpu_means_no_cpu_pitfalls(tmp_path):
+    text = CPU_BASE.replace("CPU", "Ascend") + "monitor_config: {monitor_on: True}\n"
+    assert check(tmp_path, text, use_mindformers=False) == []
+
+
+def test_auto_register_key_is_mindformers_not_ours(tmp_path):
+    text = "callbacks: [{type: OTelMonitor, auto_register: mfotel_register.OTelMonitor}]\n"
+    assert check(tmp_path, text, use_mindformers=False) == []
+
+
+def test_unquoted_rank_in_a_flow_mapping_is_reported_with_a_fix(tmp_path):
+    text = "callbacks:\n  - type: OTelMonitor\n    output: {file_path: ./m_{rank}.log}\n"
+    problem, = check(tmp_path, text, use_mindformers=False)
+    assert "not valid YAML" in problem and "quote" in problem
+
+
+def test_problems_name_the_file(tmp_path):
+    problem, = check(tmp_path, "monitor_config: {monitor_on: True, dump_pth: x}\n",
+                     use_mindformers=False)
+    assert problem.startswith(str(tmp_path / "run.yaml"))
+
+
+@pytest.mark.slow
+def test_native_validation_through_mindformers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # before mindformers is imported: it logs to ./output otherwise
+    monkeypatch.setenv("LOG_MF_PATH", str(tmp_path / "mf-log"))
+    pytest.importorskip("mindformers")
+    problems = check(tmp_path, "monitor_config: {monitor_on: True, dump_path: '', "
+                     "optimizer_state_format: logg, target: layers}\n")
+    problem, = problems
+    assert "(mindformers' TrainingStateMonitor)" in problem
+    assert check_mindformers_yaml(EXAMPLE) == []
+    assert not (tmp_path / "output").exists()

@@ -1,0 +1,116 @@
+"""`mfotel-instrument`: the sitecustomize bootstrap, chaining, and registration on import."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mfotel import instrument
+
+PYTHON = sys.executable
+INSTRUMENT = [PYTHON, "-m", "mfotel.instrument"]
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """A clean environment whose bootstrap directory lives in tmp_path."""
+    monkeypatch.setenv(instrument.ENV_DIR, str(tmp_path / "boot"))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("LOG_MF_PATH", str(tmp_path / "mindformers-log"))
+    return dict(os.environ)
+
+
+def need_mindformers() -> None:
+    """Skip without mindformers; never imported here (it writes ./output on import)."""
+    if importlib.util.find_spec("mindformers") is None:
+        pytest.skip("mindformers is not installed")
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_env_puts_the_bootstrap_directory_first_and_keeps_the_rest(env, tmp_path):
+    result = instrument.instrumented_env({**env, "PYTHONPATH": f"/a{os.pathsep}/b"})
+    first, *rest = result["PYTHONPATH"].split(os.pathsep)
+    assert Path(first, "sitecustomize.py").read_text() == instrument.SITECUSTOMIZE
+    assert rest == ["/a", "/b"]
+    assert result[instrument.ENV_FLAG] == "1"
+    again = instrument.instrumented_env(result)  # nested launches do not stack the directory
+    assert again["PYTHONPATH"] == result["PYTHONPATH"]
+
+
+def test_usage_without_a_command(env, tmp_path):
+    result = run(INSTRUMENT, env, tmp_path)
+    assert result.returncode == 2 and "usage: mfotel-instrument" in result.stdout
+
+
+def test_missing_command_is_a_clear_error(env, tmp_path):
+    result = run([*INSTRUMENT, "no-such-command-xyz"], env, tmp_path)
+    assert result.returncode != 0 and "command not found: no-such-command-xyz" in result.stderr
+
+
+def test_a_process_that_never_imports_mindformers_pays_nothing(env, tmp_path):
+    code = ("import sys; print(sorted(m for m in sys.modules "
+            "if m.startswith(('mindformers', 'mfotel.mindformers', 'mindspore'))))")
+    result = run([*INSTRUMENT, PYTHON, "-c", code], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert not (tmp_path / "output").exists()
+
+
+def test_an_existing_sitecustomize_still_runs(env, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins; builtins.OTHER_SITE = 'ran'\n")
+    env["PYTHONPATH"] = str(other)
+    code = "import builtins, sys; print(builtins.OTHER_SITE, sys.modules['sitecustomize'].__file__)"
+    result = run([*INSTRUMENT, PYTHON, "-c", code], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    ran, ours = result.stdout.split()
+    assert ran == "ran"
+    assert Path(ours).parent == tmp_path / "boot"
+
+
+def test_bootstrap_chains_the_interpreters_own_sitecustomize(env, tmp_path):
+    """Debian's python ships /usr/lib/python3.X/sitecustomize.py; ours must not hide it."""
+    code = ("import importlib.machinery as m, sys, os; boot = os.environ['MFOTEL_INSTRUMENT_DIR']; "
+            "spec = m.PathFinder.find_spec('sitecustomize', [p for p in sys.path if p != boot]); "
+            "print(spec.origin if spec else None)")
+    plain = run([PYTHON, "-c", code.replace("os.environ['MFOTEL_INSTRUMENT_DIR']", "''")],
+                env, tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    # whatever the interpreter would have run is what ours chains to
+    result = run([*INSTRUMENT, PYTHON, "-c", code], env, tmp_path)
+    assert result.stdout.strip() == plain.stdout.strip()
+
+
+@pytest.mark.slow
+def test_importing_mindformers_registers_otel_monitor(env, tmp_path):
+    need_mindformers()
+    code = ("import mindformers\n"
+            "from mindformers.tools.register import MindFormerRegister as R, MindFormerModuleType as T\n"
+            "print(R.get_cls(T.CALLBACK, 'OTelMonitor').__name__, "
+            "R.get_cls(T.WRAPPER, 'CPUTrainOneStepCell').__name__)\n")
+    result = run([*INSTRUMENT, PYTHON, "-c", code], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["MindFormersOTelMonitor", "CPUTrainOneStepCell"]
+
+
+@pytest.mark.slow
+def test_mindformers_auto_register_route_registers_otel_monitor(env, tmp_path):
+    """mindformers' own route: REGISTER_PATH + `auto_register` on the callback entry."""
+    need_mindformers()
+    examples = Path(__file__).resolve().parents[1] / "examples" / "mindformers"
+    env.update(REGISTER_PATH=str(examples), OM_MODULES_CACHE=str(tmp_path / "modules"))
+    code = ("from mindformers.core.callback.build_callback import build_callback\n"
+            "cb, = build_callback([{'type': 'OTelMonitor', 'step_interval': 7, "
+            "'auto_register': 'mfotel_register.OTelMonitor', 'prometheus': {'port': 0}}])\n"
+            "print(type(cb).__name__, cb.config.step_interval)\n")
+    result = run([PYTHON, "-c", code], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["MindFormersOTelMonitor", "7"]

@@ -1,0 +1,70 @@
+"""Killing one rank mid-run fires MindFormersRankDown for that rank only (real Prometheus).
+
+msrun tears the whole job down as soon as one worker dies (measured: the other rank is gone
+within a second), so here the two ranks are independent training processes of
+examples/multirank/train_dp.py (RANK_ID 0 and 1 of a 2-rank job, no collective): one can die
+while the other keeps training. Prometheus finds them through a file_sd file written by
+`python -m mfotel.discovery` (`mfotel targets`), as a launcher would.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from mfotel.rules import RulesConfig, render_rules
+from mfotel.stack import Prometheus
+from multirank_support import (EXAMPLE, child_env, free_port_block, prometheus_config, start,
+                               stop, wait_until)
+
+pytestmark = pytest.mark.slow
+
+JOB = "mfotel-rank-down"
+
+
+def test_killed_rank_fires_rank_down_for_that_rank_only(tmp_path):
+    base = free_port_block(2)
+    targets = tmp_path / "targets" / "job.json"
+    cli = subprocess.run([sys.executable, "-m", "mfotel.discovery", "--hosts", "127.0.0.1",
+                          "--ranks-per-node", "2", "--port", str(base), "--label", "cluster=ci",
+                          "--out", str(targets)], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(targets.read_text()) == [
+        {"targets": [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"], "labels": {"cluster": "ci"}}]
+    rules = render_rules(RulesConfig(rank_down_for="0s"))  # fire on the first evaluation
+    for name, text in rules.items():
+        (tmp_path / name).write_text(text)
+    prom = Prometheus(prometheus_config(str(tmp_path / "targets" / "*.json"), list(rules)),
+                      rule_files=[tmp_path / name for name in rules], workdir=tmp_path / "prom")
+    ranks = {}
+    with prom:
+        try:
+            for rank in (0, 1):
+                env = child_env(RANK_ID=str(rank), RANK_SIZE="2", LOCAL_RANK=str(rank),
+                                LOCAL_WORLD_SIZE="2")
+                ranks[rank] = start([sys.executable, str(EXAMPLE), "--steps", "3000",
+                                     "--step-sleep", "0.05", "--port", str(base),
+                                     "--job-name", JOB], env, tmp_path / f"rank{rank}.log", tmp_path)
+            running = f'mindformers_train_status{{job_name="{JOB}", cluster="ci"}} == 1'
+            wait_until(lambda: len(prom.query(running)) == 2, 180, "both ranks running in Prometheus",
+                       alive=ranks[1])
+            ranks[1].send_signal(signal.SIGKILL)
+            ranks[1].wait(timeout=30)
+            firing = 'ALERTS{alertname="MindFormersRankDown", alertstate="firing"}'
+            alerts = wait_until(lambda: prom.query(firing), 60, "MindFormersRankDown firing",
+                                alive=ranks[0])
+            labels = [a["metric"] for a in alerts]
+            assert [(a["rank"], a["job_name"], a["severity"], a["instance"]) for a in labels] == \
+                [("1", JOB, "critical", f"127.0.0.1:{base + 1}")]
+            # rank 0 kept running and was never reported down
+            assert [r["metric"]["instance"] for r in prom.query('up{job="mfotel"} == 1')] == \
+                [f"127.0.0.1:{base}"]
+            assert prom.query(f'{running.replace(" == 1", "")} == 1')[0]["metric"]["rank"] == "0"
+            assert prom.query('count_over_time(ALERTS{alertname="MindFormersRankDown", '
+                              'rank="0"}[5m])') == []
+        finally:
+            for process in ranks.values():
+                stop(process)
