@@ -42,7 +42,7 @@ def main() -> int:
                           prometheus={"host": "127.0.0.1", "port": port, "linger_seconds": 0})
     cb = _InternalCallbackParam()
     cb.epoch_num, cb.batch_num, cb.cur_epoch_num = 1, args.steps, 1
-    cb.optimizer, cb.train_network, cb.cur_step_num = None, None, 0
+    cb.optimizer, cb.train_network = None, None  # other keys absent, as a minimal framework sets
     context = RunContext(cb)
     monitor.on_train_begin(context)
     rng = np.random.default_rng(0)

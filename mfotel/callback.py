@@ -20,7 +20,7 @@ from . import contract
 from .actions import ActionEngine
 from .config import (ALIASES, ConfigError, MonitorConfig, check_writable, load_config,
                      parse_config)
-from .extract import StepOutputs, is_finite, parse_net_outputs, to_float
+from .extract import StepOutputs, cb_param, is_finite, parse_net_outputs, to_float
 from .fastpage import loss_alert, page_async
 from .discovery import FileSdWriter, check_port_collision
 from .identity import RankIdentity, RunIdentity, finish_run, identity_from_env, rank_port, start_run
@@ -111,6 +111,9 @@ class OTelMonitor(Callback):
         self.file_sd: FileSdWriter | None = None
         self._step_offset: int | None = None  # global step - cur_step_num, set at the first step
         self._begin_step = 0                   # cur_step_num at train begin (resume)
+        #: The global step the run resumed from, when an integration knows it (mindformers
+        #: skips the dataset by runner_config.initial_step and restarts cur_step_num at 1).
+        self.resume_step: int | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "OTelMonitor":
@@ -149,7 +152,7 @@ class OTelMonitor(Callback):
         self.run = start_run(cfg.run, ident.rank, self.job_name, cfg.source)
         if cfg.actions.enabled:  # mfotel.actions; a ConfigError here stops before training
             self.actions = ActionEngine(cfg.actions, self.job_name, ident.rank, ident.world_size)
-            self.actions.start(self._optimizer(cb), getattr(cb, "train_network", None))
+            self.actions.start(self._optimizer(cb), cb_param(cb, "train_network", None))
         self.telemetry = Telemetry(self._telemetry_config(), ident, self.job_name,
                                    on_error=self._on_telemetry_error)
         meter = self.telemetry.start()
@@ -178,7 +181,7 @@ class OTelMonitor(Callback):
 
     def _start_multirank(self, cb: Any, port: int) -> None:
         """Explain a port held by another rank; write the file_sd file; note the resumed step."""
-        self._begin_step = int(getattr(cb, "cur_step_num", 0) or 0)
+        self._begin_step = int(cb_param(cb, "cur_step_num", 0) or 0)
         try:
             if port and self.telemetry.endpoint is None:
                 check_port_collision(self.config, self.identity, self.job_name, port)
@@ -198,17 +201,20 @@ class OTelMonitor(Callback):
                      self.identity.rank, written)
 
     def _global_step(self, cb: Any) -> int:
-        """cur_step_num, continued from the resumed step (Model.train(initial_epoch=k) restarts
-        cur_step_num at 1; mindformers' resume starts it at the resumed step)."""
+        """cur_step_num, continued from the resumed step: Model.train(initial_epoch=k) restarts
+        cur_step_num at 1, a fault-repair resume starts it at the resumed step, and integrations
+        that skip data themselves (mindformers' initial_step) set `resume_step`."""
         step = int(cb.cur_step_num)
         if self._step_offset is None:
-            per_epoch, epoch = getattr(cb, "batch_num", 0), getattr(cb, "cur_epoch_num", 1)
+            per_epoch, epoch = cb_param(cb, "batch_num", 0), cb_param(cb, "cur_epoch_num", 1)
             per_epoch = per_epoch if isinstance(per_epoch, int) else 0
             epoch = epoch if isinstance(epoch, int) else 1
             epoch_start = (epoch - 1) * per_epoch
             self._step_offset = epoch_start - self._begin_step if step <= epoch_start else 0
+            if self.resume_step is not None:
+                self._step_offset = max(self.resume_step - self._begin_step, 0)
             self._last_step = self._begin_step + self._step_offset
-            epochs = getattr(cb, "epoch_num", None)
+            epochs = cb_param(cb, "epoch_num", None)
             if self._last_step and isinstance(epochs, int) and per_epoch:
                 self._total_steps = (epochs + epoch - 1) * per_epoch
         return step + self._step_offset
@@ -234,7 +240,7 @@ class OTelMonitor(Callback):
 
     def _read_run_shape(self, cb: Any) -> None:
         cfg, ident = self.config, self.identity
-        epochs, per_epoch = getattr(cb, "epoch_num", None), getattr(cb, "batch_num", None)
+        epochs, per_epoch = cb_param(cb, "epoch_num", None), cb_param(cb, "batch_num", None)
         if isinstance(epochs, int) and isinstance(per_epoch, int) and epochs * per_epoch > 0:
             self._total_steps = epochs * per_epoch
             if cfg.step_interval > self._total_steps:
@@ -246,7 +252,7 @@ class OTelMonitor(Callback):
                             f"world size {ident.world_size}: no rank writes monitor lines. "
                             f"Fix: use a rank below {ident.world_size} or -1")
         if self._batch_size is None:
-            dataset = getattr(cb, "train_dataset", None)
+            dataset = cb_param(cb, "train_dataset", None)
             try:
                 self._batch_size = int(dataset.get_batch_size()) if dataset is not None else None
             except Exception:  # noqa: BLE001 - some datasets cannot tell
@@ -287,7 +293,7 @@ class OTelMonitor(Callback):
         st = self.instruments.state
         st.status = contract.STATUS_RUNNING
         st.step, st.steps, st.last_step_timestamp = step, st.steps + advanced, wall
-        st.epoch = int(getattr(cb, "cur_epoch_num", 0) or 0)
+        st.epoch = int(cb_param(cb, "cur_epoch_num", 0) or 0)
         if self._total_steps:
             st.progress = min(step / self._total_steps, 1.0)
         self._health(step, out)
@@ -320,7 +326,7 @@ class OTelMonitor(Callback):
 
     @staticmethod
     def _optimizer(cb: Any) -> Any:
-        return cb.optimizer or getattr(getattr(cb, "train_network", None), "optimizer", None)
+        return cb_param(cb, "optimizer") or getattr(cb_param(cb, "train_network"), "optimizer", None)
 
     def _apply_actions(self, run_context: Any, cb: Any, step: int, loss: float | None,
                        recorded: bool) -> None:
@@ -364,7 +370,7 @@ class OTelMonitor(Callback):
             elif metric == "learning_rate":
                 value = out.learning_rate
                 if value is None:
-                    value = self._lr(cb.optimizer or getattr(cb.train_network, "optimizer", None))
+                    value = self._lr(self._optimizer(cb))
             elif metric == "grad_norm":
                 value = out.grad_norm
             elif metric == "throughput":

@@ -81,6 +81,15 @@ def parse_net_outputs(outputs: Any) -> StepOutputs:
     return StepOutputs(loss=to_float(outputs[0]))
 
 
+def cb_param(cb: Any, name: str, default: Any = None) -> Any:
+    """`cb_params.<name>`, or `default`: MindSpore's parameter dict raises KeyError, not
+    AttributeError, for a missing key, so plain getattr(cb, name, default) is not enough."""
+    try:
+        return getattr(cb, name)
+    except (AttributeError, KeyError):
+        return default
+
+
 def is_finite(value: float | None) -> bool:
     """False for NaN and +-Inf; None counts as finite (nothing to report)."""
     return value is None or math.isfinite(value)

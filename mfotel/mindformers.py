@@ -45,7 +45,7 @@ from mindformers.wrapper.wrapper import MFTrainOneStepCell, get_real_models
 
 from .callback import OTelMonitor
 from .config import ConfigError
-from .extract import StepOutputs, parse_net_outputs, to_float
+from .extract import StepOutputs, cb_param, parse_net_outputs, to_float
 
 log = logging.getLogger("mfotel")
 
@@ -383,16 +383,16 @@ class MindFormersOTelMonitor(OTelMonitor):
             return
         cb = run_context.original_args()
         if self.config.seq_length is None:
-            seq_length = _seq_length(getattr(cb, "network", None))
+            seq_length = _seq_length(cb_param(cb, "network", None))
             if seq_length:
                 self.config = dataclasses.replace(self.config, seq_length=seq_length)
         super().on_train_begin(run_context)
         if self.instruments is None:
             return
         self.bridge = NativeBridge(self.instruments.set_native)
-        self.bridge.attach(getattr(cb, "list_callback", None) or ())
-        optimizer = getattr(cb, "optimizer", None) or \
-            getattr(getattr(cb, "train_network", None), "optimizer", None)
+        self.bridge.attach(cb_param(cb, "list_callback", None) or ())
+        optimizer = cb_param(cb, "optimizer", None) or \
+            getattr(cb_param(cb, "train_network", None), "optimizer", None)
         if optimizer is not None:
             self._param_names = [p.name for p in optimizer.parameters]
 
