@@ -11,6 +11,7 @@ import yaml
 from .alerts_receiver import add_alerts_receiver_command
 from .config import ConfigError, describe, load_config, read_yaml
 from .control import add_control_command
+from .discovery import add_targets_command
 from .contract import SEED_METRICS
 from .logs_cli import add_log_commands
 from .rules import add_rules_command
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_alerts_receiver_command(sub)
     add_log_commands(sub)
     add_control_command(sub)
+    add_targets_command(sub)
 
     dashboards = sub.add_parser("dashboards", help="generate the Grafana dashboards JSON")
     dashboards.add_argument("--out", default="grafana/dashboards")

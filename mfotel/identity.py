@@ -27,6 +27,9 @@ NODE_RANK_VARS = ("NODE_RANK", "MS_NODE_RANK", "GROUP_RANK")
 #: Kubernetes downward API (env: POD_NAME from metadata.name, POD_NAMESPACE from metadata.namespace)
 POD_VARS = ("POD_NAME", "MY_POD_NAME")
 NAMESPACE_VARS = ("POD_NAMESPACE", "MY_POD_NAMESPACE", "NAMESPACE")
+#: Visible-device lists: the process's device i is the i-th listed physical device, which is
+#: the index device exporters report (NPU-Exporter `id`, dcgm-exporter `gpu`).
+VISIBLE_DEVICE_VARS = ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,15 @@ def _first_str(env: Mapping[str, str], names: tuple[str, ...]) -> str:
     return next((env[n].strip() for n in names if env.get(n, "").strip()), "")
 
 
+def physical_device(device: str, env: Mapping[str, str]) -> str:
+    """The physical index of logical device `device` under a visible-devices list."""
+    visible = _first_str(env, VISIBLE_DEVICE_VARS)
+    items = [v.strip() for v in visible.split(",")] if visible else []
+    if device.isdigit() and int(device) < len(items) and items[int(device)].isdigit():
+        return items[int(device)]
+    return device
+
+
 def identity_from_env(env: Mapping[str, str] | None = None) -> RankIdentity:
     """Identity from launcher variables (msrun / mpirun / torchrun style names).
 
@@ -117,7 +129,7 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> RankIdentity:
     if node_var is None and local_world:
         node_rank = rank // local_world
     return RankIdentity(rank=rank, local_rank=local, world_size=max(world, 1),
-                        node=socket.gethostname(), device_id=device,
+                        node=socket.gethostname(), device_id=physical_device(device, env),
                         local_world_size=local_world, node_rank=node_rank,
                         pod_name=_first_str(env, POD_VARS),
                         namespace=_first_str(env, NAMESPACE_VARS), local_rank_source=source,
@@ -144,8 +156,8 @@ def rank_port(base: int, identity: RankIdentity, source: str = "<kwargs>",
                           "LOCAL_RANK correctly; or set prometheus.port: 0")
     last = base + max(local_world, local + 1) - 1
     if last > MAX_PORT:
-        raise ConfigError(source, key, f"{base} + local rank runs past {MAX_PORT} ({who} needs "
-                          f"port {base + local}; the node needs up to {last})",
+        raise ConfigError(source, key, f"{who}: the node's ports {base}..{last} (port + local "
+                          f"rank) run past {MAX_PORT}",
                           f"use a base port of at most {MAX_PORT - max(local_world, local + 1) + 1}")
     return base + local
 

@@ -382,6 +382,15 @@ class MindFormersOTelMonitor(OTelMonitor):
         if not self.config.enable:
             return
         cb = run_context.original_args()
+        # a resumed mindformers run skips data itself and restarts cur_step_num at 1;
+        # MFLossMonitor adds initial_step to it, and so do we
+        initial = cb_param(cb, "initial_step")
+        if initial is None:
+            initial = next((getattr(c, "initial_step", None) for c in
+                            cb_param(cb, "list_callback", None) or ()
+                            if isinstance(c, MFLossMonitor)), None)
+        if initial:
+            self.resume_step = int(initial)
         if self.config.seq_length is None:
             seq_length = _seq_length(cb_param(cb, "network", None))
             if seq_length:

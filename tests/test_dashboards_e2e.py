@@ -67,8 +67,10 @@ def _api(base_url: str, path: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _start_rank(rank: int, port: int, workdir: Path) -> subprocess.Popen:
+    # the full linger, not just until the first scrape: rate() windows need the ranks up
     kwargs = {"steps": STEPS, "step_interval": 1, "port": port, "job_name": JOB,
-              "linger_seconds": 120, "min_step_seconds": STEP_SECONDS, "seq_length": 32,
+              "linger_seconds": 120, "prometheus": {"linger_until_scraped": False},
+              "min_step_seconds": STEP_SECONDS, "seq_length": 32,
               "nan_at_step": NAN_AT_STEP if rank == 1 else None,
               "output": {"console": False}}
     env = {**os.environ, "RANK_ID": str(rank), "RANK_SIZE": "2", "GLOG_v": "3"}

@@ -206,3 +206,13 @@ def test_a_foreign_server_is_not_a_collision(port):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_targets_subcommand_hook_registers_on_a_cli(capsys):
+    import argparse
+    from mfotel.discovery import add_targets_command
+    parser = argparse.ArgumentParser(prog="mfotel")
+    add_targets_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["targets", "--hosts", "n1", "--ranks-per-node", "1"])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out) == [{"targets": ["n1:9464"], "labels": {}}]

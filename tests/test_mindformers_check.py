@@ -88,7 +88,7 @@ def test_problems_name_the_file(tmp_path):
 def test_native_validation_through_mindformers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # before mindformers is imported: it logs to ./output otherwise
     monkeypatch.setenv("LOG_MF_PATH", str(tmp_path / "mf-log"))
-    pytest.importorskip("mindformers")
+    import mindformers  # noqa: F401 - a test dependency: fail, never skip
     problems = check(tmp_path, "monitor_config: {monitor_on: True, dump_path: '', "
                      "optimizer_state_format: logg, target: layers}\n")
     problem, = problems

@@ -25,9 +25,9 @@ def env(tmp_path, monkeypatch):
 
 
 def need_mindformers() -> None:
-    """Skip without mindformers; never imported here (it writes ./output on import)."""
-    if importlib.util.find_spec("mindformers") is None:
-        pytest.skip("mindformers is not installed")
+    """Fail without mindformers (a test dependency); never imported here (it writes ./output)."""
+    assert importlib.util.find_spec("mindformers") is not None, \
+        'mindformers is not installed: pip install -e ".[mindformers]" (make test does)'
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:

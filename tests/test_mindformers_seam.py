@@ -18,7 +18,7 @@ def mf(tmp_path_factory):
     """mindformers + mfotel.mindformers, logging to a temporary directory, not ./output."""
     saved = os.environ.get("LOG_MF_PATH")
     os.environ["LOG_MF_PATH"] = str(tmp_path_factory.mktemp("mindformers-log"))
-    pytest.importorskip("mindformers")
+    import mindformers  # noqa: F401 - a test dependency: fail, never skip
     from mindformers.core.callback import callback as mf_callback
     from mindformers.core.callback.build_callback import build_callback
     from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
@@ -272,3 +272,12 @@ def test_loss_is_fixed_the_way_mfloss_monitor_fixes_it(mf):
 ])
 def test_job_name_defaults_to_the_config_stem(mf, argv, stem):
     assert mf.bridge.config_stem(argv) == stem
+
+
+def test_resume_reads_mfloss_monitor_initial_step(mf):
+    """Seam: a resumed run's step offset comes from MFLossMonitor.initial_step (or
+    cb_params.initial_step, which MFLossMonitor also reads)."""
+    from mindformers.core.callback.callback import MFLossMonitor
+    assert MFLossMonitor(initial_step=7, origin_epochs=1, dataset_size=10,
+                         global_batch_size=2).initial_step == 7
+    assert "initial_step" in inspect.getsource(MFLossMonitor.on_train_step_end)

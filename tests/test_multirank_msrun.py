@@ -12,7 +12,6 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +21,8 @@ from mfotel.otlp_receiver import OtlpReceiver, points
 from mfotel.rules import render_rules
 from mfotel.stack import Prometheus, free_port
 from multirank_support import (EndpointPoller, child_env, free_port_block, msrun_command,
-                               prometheus_config, read_json, start, stop, value_of, wait_until)
+                               prometheus_config, read_json, start, stop, value_of, wait_until,
+                               write_rules)
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +55,10 @@ def _prometheus_checks(prom: Prometheus) -> dict[str, list[dict]]:
         "ranks_running": f"job_name:mindformers_train_ranks_running:count{{{sel}}} == 2",
         "spread": f"job_name:mindformers_train_step_duration_seconds:rank_spread1m{{{sel}}} >= 1",
         "rank_info": f"mindformers_train_rank_info{{{sel}}}",
+        "straggler": f"job_name_rank:mindformers_train_straggler_score:ratio1m{{{sel}}} > 0",
+        "reporting": f"job_name:mindformers_train_ranks_reporting:count{{{sel}}}",
     }
-    expected = {"up": 2, "step_mean": 2, "rank_info": 2}
+    expected = {"up": 2, "step_mean": 2, "rank_info": 2, "straggler": 2}
     seen = {}
     for name, expr in queries.items():
         want = expected.get(name, 1)
@@ -71,11 +73,9 @@ def dp_run(tmp_path_factory) -> DpRun:
     base = free_port_block(2)
     targets = work / "targets" / f"{JOB}.json"
     truth_dir, release = work / "truth", work / RELEASE
-    rules = render_rules()
-    for name, text in rules.items():
-        (work / name).write_text(text)
-    prom = Prometheus(prometheus_config(str(work / "targets" / "*.json"), list(rules)),
-                      rule_files=[work / name for name in rules], workdir=work / "prom")
+    rules = write_rules(work, render_rules())
+    prom = Prometheus(prometheus_config(str(work / "targets" / "*.json"), [r.name for r in rules]),
+                      rule_files=rules, workdir=work / "prom")
     args = ["--steps", str(STEPS), "--port", str(base), "--job-name", JOB,
             "--file-sd", str(targets), "--truth-dir", str(truth_dir), "--log-rank", "0",
             "--step-sleep", str(STEP_SLEEP), "--slow-until", str(release),
@@ -199,3 +199,10 @@ def test_both_ranks_pushed_otlp_with_their_rank_attributes(dp_run):
     assert sorted(last_loss) == ["0", "1"]
     for rank in (0, 1):
         assert last_loss[str(rank)] == dp_run.truth[rank]["losses"][str(_last_step(dp_run, rank))]
+
+
+def test_multirank_rules_score_both_ranks(dp_run):
+    scores = {r["metric"]["rank"]: float(r["value"][1]) for r in dp_run.prom["straggler"]}
+    assert sorted(scores) == ["0", "1"]
+    assert max(scores.values()) == 1 and all(0 < v <= 1 for v in scores.values())
+    assert value_of(dp_run.prom["reporting"]) == [2.0]

@@ -1,4 +1,5 @@
-"""Killing one rank mid-run fires MindFormersRankDown for that rank only (real Prometheus).
+"""Killing one rank mid-run fires MindFormersRankDown for that rank only, and
+MindFormersRanksMissing for its job (real Prometheus, the shipped and the multi-rank rules).
 
 msrun tears the whole job down as soon as one worker dies (measured: the other rank is gone
 within a second), so here the two ranks are independent training processes of
@@ -18,7 +19,7 @@ import pytest
 from mfotel.rules import RulesConfig, render_rules
 from mfotel.stack import Prometheus
 from multirank_support import (EXAMPLE, child_env, free_port_block, prometheus_config, start,
-                               stop, wait_until)
+                               stop, wait_until, write_rules)
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +35,11 @@ def test_killed_rank_fires_rank_down_for_that_rank_only(tmp_path):
     assert cli.returncode == 0, cli.stderr
     assert json.loads(targets.read_text()) == [
         {"targets": [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"], "labels": {"cluster": "ci"}}]
-    rules = render_rules(RulesConfig(rank_down_for="0s"))  # fire on the first evaluation
-    for name, text in rules.items():
-        (tmp_path / name).write_text(text)
-    prom = Prometheus(prometheus_config(str(tmp_path / "targets" / "*.json"), list(rules)),
-                      rule_files=[tmp_path / name for name in rules], workdir=tmp_path / "prom")
+    # every alert fires on its first true evaluation (no `for`)
+    rules = write_rules(tmp_path, render_rules(RulesConfig(rank_down_for="0s")), immediate=True)
+    prom = Prometheus(prometheus_config(str(tmp_path / "targets" / "*.json"),
+                                        [r.name for r in rules]),
+                      rule_files=rules, workdir=tmp_path / "prom")
     ranks = {}
     with prom:
         try:
@@ -65,6 +66,10 @@ def test_killed_rank_fires_rank_down_for_that_rank_only(tmp_path):
             assert prom.query(f'{running.replace(" == 1", "")} == 1')[0]["metric"]["rank"] == "0"
             assert prom.query('count_over_time(ALERTS{alertname="MindFormersRankDown", '
                               'rank="0"}[5m])') == []
+            missing = 'ALERTS{alertname="MindFormersRanksMissing", alertstate="firing"}'
+            [alert] = wait_until(lambda: prom.query(missing), 60, "MindFormersRanksMissing",
+                                 alive=ranks[0])
+            assert (alert["metric"]["job_name"], alert["metric"]["world_size"]) == (JOB, "2")
         finally:
             for process in ranks.values():
                 stop(process)

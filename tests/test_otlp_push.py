@@ -7,6 +7,7 @@ that is down is counted and warned about once, and that a hung collector does no
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -91,7 +92,6 @@ def _wait_in_training(at_step: int, condition: Any, what: str) -> Any:
     class Wait(Callback):
         def on_train_step_end(self, run_context: Any) -> None:
             if int(run_context.original_args().cur_step_num) == at_step:
-                import time
                 deadline = time.monotonic() + 30
                 while not condition() and time.monotonic() < deadline:
                     time.sleep(0.02)
