@@ -37,21 +37,24 @@ class CachingCollector:
         self._lock = threading.Lock()
         self._seen: Hashable = object()
         self._families: list[Metric] = []
-        self._next_allowed = 0.0
+        self._last = (0.0, 0.0)  # (start, duration) of the last collection
         self.generation = 0  # bumped at every re-collection
 
     def refresh(self) -> int:
         """Re-collect if due; returns the generation of the families collect() returns."""
         with self._lock:
             current = self.version()
-            if current != self._seen and time.monotonic() >= self._next_allowed:
+            if current != self._seen and self._due():
                 started = time.monotonic()
                 self._families = list(self.source.collect())
-                cost = time.monotonic() - started
-                self._next_allowed = started + cost / self.budget if self.budget else 0.0
+                self._last = (started, time.monotonic() - started)
                 self._seen = current
                 self.generation += 1
             return self.generation
+
+    def _due(self) -> bool:
+        started, cost = self._last
+        return not self.budget or time.monotonic() - started >= cost / self.budget
 
     def collect(self) -> Iterable[Metric]:
         self.refresh()
@@ -62,15 +65,39 @@ class CachingCollector:
         return self._seen == self.version()
 
 
+class _Families:
+    """A collector-like view of one CachingCollector's current families (for the encoders)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
 class CachedMetricsApp:
-    """WSGI app serving /metrics; rendered bytes are reused until a collector re-collects."""
+    """WSGI app serving /metrics. Each collector's part is rendered once per re-collection:
+    a scrape after a training step re-renders the few contract series, not the thousands of
+    native ones; the compressed body is reused until any part changes."""
+
+    EOF = b"# EOF\n"
 
     def __init__(self, registry: CollectorRegistry, collectors: Sequence[CachingCollector]) -> None:
         self.registry, self.collectors = registry, collectors
         self._lock = threading.Lock()
-        self._cache: dict[tuple, bytes] = {}
-        self._key: tuple = ()
+        self._parts: dict[tuple[int, str], tuple[int, bytes]] = {}
+        self._gzipped: dict[str, tuple[tuple, bytes]] = {}
         self.served: tuple = ()  # generations of the last body served
+
+    def _part(self, index: int, encoder: Callable, content_type: str) -> bytes:
+        collector = self.collectors[index]
+        generation = collector.refresh()
+        cached = self._parts.get((index, content_type))
+        if cached is None or cached[0] != generation:
+            body = encoder(_Families(list(collector.collect())))
+            cached = (generation, body[:-len(self.EOF)] if body.endswith(self.EOF) else body)
+            self._parts[(index, content_type)] = cached
+        return cached[1]
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
@@ -78,16 +105,19 @@ class CachedMetricsApp:
             return [b""]
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
         gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+        openmetrics = content_type.startswith("application/openmetrics-text")
         with self._lock:
-            generations = tuple(c.refresh() for c in self.collectors)
-            if generations != self._key:
-                self._cache, self._key = {}, generations
-            body = self._cache.get((content_type, gzipped))
-            if body is None:
-                body = encoder(self.registry)
-                body = gzip.compress(body, compresslevel=1) if gzipped else body
-                self._cache[(content_type, gzipped)] = body
+            parts = [self._part(i, encoder, content_type) for i in range(len(self.collectors))]
+            generations = tuple(c.generation for c in self.collectors)
             self.served = generations
+            cached = self._gzipped.get(content_type) if gzipped else None
+            if cached is not None and cached[0] == generations:
+                body = cached[1]
+            else:
+                body = b"".join(parts) + (self.EOF if openmetrics else b"")
+                if gzipped:
+                    body = gzip.compress(body, compresslevel=1)
+                    self._gzipped[content_type] = (generations, body)
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
         if gzipped:
             headers.append(("Content-Encoding", "gzip"))
