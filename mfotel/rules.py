@@ -71,6 +71,18 @@ class RulesConfig:
     overflow_storm_ratio: float = 0.5
     overflow_window: str = "5m"
     overflow_storm_for: str = "5m"
+    # ranks missing: fewer ranks report than the world_size label of their rank_info, while
+    # at least one rank of the job runs (one alert per job, no rank label)
+    ranks_missing_for: str = "5m"
+    # loss divergence: a running rank's mean loss over the window is further than
+    # tolerance x the median over the job's ranks from that median (data parallel)
+    loss_divergence_window: str = "10m"
+    loss_divergence_tolerance: float = 0.5
+    loss_divergence_for: str = "15m"
+    # step drift: a running rank more than this many seconds of training (steps behind the
+    # job's leading rank / the job's step rate) behind
+    step_drift_seconds: int = 120
+    step_drift_for: str = "5m"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -82,8 +94,9 @@ class RulesConfig:
                 raise ValueError(f"RulesConfig.{f.name}={value!r} must be > 1")
             if f.name.endswith("_ratio") and not 0 < value < 1:
                 raise ValueError(f"RulesConfig.{f.name}={value!r} must be in (0, 1)")
-        if self.stall_seconds <= 0:
-            raise ValueError(f"RulesConfig.stall_seconds={self.stall_seconds!r} must be > 0")
+        for name in ("stall_seconds", "step_drift_seconds", "loss_divergence_tolerance"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"RulesConfig.{name}={getattr(self, name)!r} must be > 0")
         if self.selector.strip().startswith("{") or self.selector.strip().endswith(","):
             raise ValueError(f"RulesConfig.selector={self.selector!r}: give bare matchers "
                              "without braces, e.g. 'cluster=\"a\"'")
@@ -110,10 +123,21 @@ STEP_RANK_MEDIAN = "job_name:mindformers_train_step_duration_seconds:rank_median
 STEP_RANK_SPREAD = "job_name:mindformers_train_step_duration_seconds:rank_spread1m"
 RANKS_RUNNING = "job_name:mindformers_train_ranks_running:count"
 RANKS = "job_name:mindformers_train_ranks:count"
+STRAGGLER_SCORE = "job_name_rank:mindformers_train_straggler_score:ratio1m"
+RANKS_REPORTING = "job_name:mindformers_train_ranks_reporting:count"
+STEPS_BEHIND = "job_name_rank:mindformers_train_step:behind_leader"
 
 
 def step_interval_record(cfg: RulesConfig) -> str:
     return f"job_name_rank:mindformers_train_step_interval_seconds:mean{cfg.step_interval_window}"
+
+
+def loss_mean_record(cfg: RulesConfig) -> str:
+    return f"job_name_rank:mindformers_train_loss:avg{cfg.loss_divergence_window}"
+
+
+def loss_median_record(cfg: RulesConfig) -> str:
+    return f"job_name:mindformers_train_loss:rank_median{cfg.loss_divergence_window}"
 
 
 def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
@@ -121,6 +145,7 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
     dur = "mindformers_train_step_duration_seconds"
     ts, steps = (m("mindformers_train_last_step_timestamp_seconds"),
                  m("mindformers_train_steps_total"))
+    step = m("mindformers_train_step")
     w = cfg.step_interval_window
     throughput = [
         {"record": SAMPLES_RATE,
@@ -141,6 +166,9 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": STEP_RANK_MEDIAN, "expr": f"quantile by (job_name) (0.5, {STEP_MEAN})"},
         {"record": STEP_RANK_SPREAD,
          "expr": f"max by (job_name) ({STEP_MEAN})\n/\nmin by (job_name) ({STEP_MEAN})"},
+        # 0..1, 1 = the job's fastest rank (the inverse of the spread, per rank)
+        {"record": STRAGGLER_SCORE,
+         "expr": f"min by (job_name) ({STEP_MEAN})\n/ on (job_name) group_right ()\n{STEP_MEAN}"},
         # Mean seconds between steps over the steps seen in the window. It ignores time after
         # the last step, so a stall does not inflate it (0/0 = NaN once no step is in the window).
         {"record": step_interval_record(cfg),
@@ -151,10 +179,26 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": RANKS_RUNNING,
          "expr": f"count by (job_name) ({m('mindformers_train_status')} == {STATUS_RUNNING})"},
         {"record": RANKS, "expr": f"count by (job_name) ({m('mindformers_train_status')})"},
+        # distinct ranks: a restarted rank's rank_info (new attempt label) may overlap the old
+        # one's until it expires (OTLP push through a collector)
+        {"record": RANKS_REPORTING,
+         "expr": f"count by (job_name) (max by (job_name, rank) "
+                 f"({m('mindformers_train_rank_info')}))"},
+        {"record": STEPS_BEHIND,
+         "expr": (f"max by (job_name) ({step})\n- on (job_name) group_right ()\n"
+                  f"max by (job_name, rank) ({step})")},
+    ]
+    loss = [
+        {"record": loss_mean_record(cfg),
+         "expr": f"avg by (job_name, rank) "
+                 f"(avg_over_time({m('mindformers_train_loss')}[{cfg.loss_divergence_window}]))"},
+        {"record": loss_median_record(cfg),
+         "expr": f"quantile by (job_name) (0.5, {loss_mean_record(cfg)})"},
     ]
     return [{"name": "mindformers-throughput.rules", "rules": throughput},
             {"name": "mindformers-step-time.rules", "rules": step_time},
-            {"name": "mindformers-ranks.rules", "rules": ranks}]
+            {"name": "mindformers-ranks.rules", "rules": ranks},
+            {"name": "mindformers-loss.rules", "rules": loss}]
 
 
 # ---------------------------------------------------------------- alerting rules
@@ -170,6 +214,14 @@ def _alert(cfg: RulesConfig, name: str, expr: str, for_: str, severity: str, sum
 
 
 _WHO = "job {{ $labels.job_name }} rank {{ $labels.rank }}"
+_JOB = "job {{ $labels.job_name }}"
+
+
+def _query_value(expr_format: str, *labels: str) -> str:
+    """Template text printing the value of a query built from the alert's labels."""
+    args = " ".join(f"$labels.{label}" for label in labels)
+    return (f'{{{{ with printf "{expr_format}" {args} | query }}}}'
+            "{{ . | first | value }}{{ end }}")
 
 
 def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
@@ -233,6 +285,20 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                "0m", "warning", "A training rank reported failed or stopped.",
                f"{_WHO} ended with status {STATUS_FAILED} (failed or stopped early) within the "
                f"last {cfg.failed_lookback}."),
+        # One alert per job, labelled job_name and world_size. world_size is a label and PromQL
+        # cannot turn a label into a number, so count_values turns the reporting count into a
+        # label of the same name and the two are compared as labels.
+        _alert(cfg, "MindFormersRanksMissing",
+               f"(\n  max by (job_name, world_size) ({m('mindformers_train_rank_info')})\n"
+               f"  unless on (job_name, world_size)\n"
+               f"  count_values by (job_name) (\"world_size\", {RANKS_REPORTING})\n)\n"
+               f"and on (job_name) ({RANKS_RUNNING} > 0)",
+               cfg.ranks_missing_for, "critical",
+               "A job has fewer ranks reporting than its world size.",
+               f"{_JOB} has "
+               + _query_value(f"{RANKS_REPORTING}{{job_name='%s'}}", "job_name")
+               + " ranks reporting, but its world size is {{ $labels.world_size }}: a rank "
+               "never started, died, or is missing from the scrape targets."),
     ]
     dynamics = [
         _alert(cfg, "MindFormersLossSpike",
@@ -248,6 +314,18 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                f"The gradient global norm of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x "
                f"its {cfg.grad_norm_spike_window} average (threshold "
                f"{_num(cfg.grad_norm_spike_factor)}x)."),
+        _alert(cfg, "MindFormersLossDivergence",
+               f"abs(\n  {loss_mean_record(cfg)}\n  - on (job_name) group_left ()\n"
+               f"  {loss_median_record(cfg)}\n)\n"
+               f"/ on (job_name) group_left ()\n({loss_median_record(cfg)} > 0)\n"
+               f"> {_num(cfg.loss_divergence_tolerance)}\n"
+               f"and on (job_name, rank) ({running})",
+               cfg.loss_divergence_for, "warning",
+               "A data-parallel rank's loss diverges from the other ranks'.",
+               f"The {cfg.loss_divergence_window} mean loss of {_WHO} is "
+               "{{ $value | humanizePercentage }} away from the median over the job's ranks "
+               f"(threshold {cfg.loss_divergence_tolerance:.0%}): this rank sees different "
+               "data or computes differently (bad shard, faulty device, weights out of sync)."),
         _alert(cfg, "MindFormersLossScaleOverflowStorm",
                f"rate({overflow}[{cfg.overflow_window}])\n"
                f"/\n(rate({steps}[{cfg.overflow_window}]) > 0)\n"
@@ -276,6 +354,17 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                f"The mean step time of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x the "
                f"median over the job's ranks (threshold {_num(cfg.straggler_factor)}x): "
                "check its device, host load and data loading."),
+        # In time rather than steps: Prometheus scrapes the ranks at different moments, so
+        # lock-step ranks can look a few steps apart.
+        _alert(cfg, "MindFormersStepDrift",
+               f"{STEPS_BEHIND}\n/ on (job_name) group_left ()\n({STEPS_RATE} > 0)\n"
+               f"> {cfg.step_drift_seconds}\n"
+               f"and on (job_name, rank) ({running})",
+               cfg.step_drift_for, "warning", "A rank is many steps behind the others.",
+               f"{_WHO} is {{{{ $value | humanizeDuration }}}} of training ("
+               + _query_value(f"{STEPS_BEHIND}{{job_name='%s',rank='%s'}}", "job_name", "rank")
+               + f" steps) behind the job's leading rank (threshold {cfg.step_drift_seconds}s): "
+               "ranks that should step together have drifted apart."),
     ]
     return [{"name": "mindformers-health.alerts", "rules": health},
             {"name": "mindformers-dynamics.alerts", "rules": dynamics},

@@ -17,7 +17,6 @@ from mfotel.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "multirank" / "train_dp.py"
-MULTIRANK_RULES = ROOT / "examples" / "prometheus" / "multirank-rules.yml"
 VENV_BIN = Path(sys.executable).parent
 RANK_VARS = ("RANK_ID", "RANK", "RANK_SIZE", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
              "DEVICE_ID", "MS_ROLE", "MS_NODE_ID", "MS_WORKER_NUM", "MS_SCHED_HOST",
@@ -158,18 +157,3 @@ def value_of(result: list[dict]) -> list[float]:
     return [float(r["value"][1]) for r in result]
 
 
-def write_rules(workdir: Path, rules: dict[str, str], immediate: bool = False) -> list[Path]:
-    """The given rule files plus the multi-rank rules, in `workdir`; `immediate` drops `for`."""
-    import yaml
-    texts = dict(rules)
-    multirank = yaml.safe_load(MULTIRANK_RULES.read_text())
-    if immediate:
-        for group in multirank["groups"]:
-            for rule in group["rules"]:
-                rule.pop("for", None)
-    texts[MULTIRANK_RULES.name] = yaml.safe_dump(multirank, sort_keys=False)
-    paths = []
-    for name, text in texts.items():
-        (workdir / name).write_text(text)
-        paths.append(workdir / name)
-    return paths

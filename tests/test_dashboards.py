@@ -39,6 +39,7 @@ RECORDING_RULES = frozenset({
     "job_name:mindformers_train_step_duration_seconds:rank_median1m",
     "job_name:mindformers_train_step_duration_seconds:rank_spread1m",
     "job_name:mindformers_train_ranks_running:count",
+    "job_name_rank:mindformers_train_straggler_score:ratio1m",
 })
 #: mindformers-native metrics bridged by mfotel when native monitoring is on.
 NATIVE_METRICS = frozenset({
@@ -51,6 +52,12 @@ NATIVE_METRICS = frozenset({
 })
 #: Series of Prometheus itself.
 PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
+#: Device exporters the cluster dashboard joins through mindformers_train_rank_info
+#: (MindCluster NPU-Exporter, NVIDIA dcgm-exporter); listed one by one, not by prefix.
+HARDWARE_EXPORTER_METRICS = frozenset({
+    "npu_chip_info_utilization",
+    "DCGM_FI_DEV_GPU_UTIL",
+})
 
 
 def contract_series() -> set[str]:
@@ -227,7 +234,8 @@ def test_overview_covers_the_issue_list():
 # ---------------------------------------------------------------- queries
 
 def test_every_metric_a_query_names_is_in_the_contract_or_the_rules():
-    known = contract_series() | RECORDING_RULES | NATIVE_METRICS | PROMETHEUS_SERIES
+    known = (contract_series() | RECORDING_RULES | NATIVE_METRICS | PROMETHEUS_SERIES
+             | HARDWARE_EXPORTER_METRICS)
     unknown = {f"{q.where}: {name}" for q in QUERIES for name in metric_names(q.expr)
                if name not in known}
     assert not unknown, "queries name series nobody exposes:\n" + "\n".join(sorted(unknown))
@@ -244,6 +252,75 @@ def test_panels_on_native_metrics_say_what_they_need():
     for query in QUERIES:
         if query.origin == "panel" and metric_names(query.expr) & NATIVE_METRICS:
             assert "Needs mindformers native monitoring" in query.description, query.where
+
+
+def test_panels_on_device_exporter_metrics_say_what_they_need():
+    used = set()
+    for query in QUERIES:
+        names = metric_names(query.expr) & HARDWARE_EXPORTER_METRICS
+        if query.origin == "panel" and names:
+            assert "Needs MindCluster NPU-Exporter or dcgm-exporter" in query.description, \
+                query.where
+            used |= names
+    assert used == HARDWARE_EXPORTER_METRICS, "stale HARDWARE_EXPORTER_METRICS entries"
+
+
+def test_slowest_rank_device_panel_joins_each_exporter_to_the_slowest_rank(tmp_path):
+    """promtool on the panel's queries: rank 1 is twice as slow as rank 0 and runs on device 1;
+    each target returns that device only, in Kubernetes (NPU-Exporter's pod labels) and on
+    bare metal (NPU-Exporter's target host, dcgm-exporter's Hostname), and nothing where its
+    join does not apply. Other nodes and pods have a device 1 too."""
+    promtool = shutil.which("promtool") or shutil.which("promtool", path="/usr/bin")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH; install it: apt-get install prometheus")
+    [npu_k8s, npu_bare, gpu] = [
+        substitute(q.expr, {"job_name": ["llama"], "rank": ALL}) for q in QUERIES
+        if q.title == "Device of the slowest rank: utilisation"]
+
+    def series(name: str, labels: str, values: str) -> dict[str, str]:
+        return {"series": f"{name}{{{labels}}}", "values": values}
+
+    def rank_info(rank: int, extra: str) -> dict[str, str]:
+        return series("mindformers_train_rank_info",
+                      f'job_name="llama", rank="{rank}", device_id="{rank}", {extra}', "1x10")
+
+    step_time = [series(f"mindformers_train_step_duration_seconds_{kind}",
+                        f'job_name="llama", rank="{rank}"', values)
+                 for rank, total in ((0, 6), (1, 12))
+                 for kind, values in (("sum", f"0+{total}x10"), ("count", "0+60x10"))]
+    kubernetes = step_time + [rank_info(r, 'node="llama-0", pod_name="llama-0", '
+                                           'namespace="train"') for r in (0, 1)] + [
+        series("npu_chip_info_utilization",
+               f'instance="10.0.0.{n}:8082", id="{i}", pod_name="{pod}", namespace="train"',
+               f"{value}x10")
+        for n, i, pod, value in ((1, 0, "llama-0", 10), (1, 1, "llama-0", 20),
+                                 (2, 1, "other-0", 30))]
+    bare_metal = step_time + [rank_info(r, 'node="node-1"') for r in (0, 1)] + [
+        series("npu_chip_info_utilization", f'instance="node-{n}:8082", id="{i}"', f"{v}x10")
+        for n, i, v in ((1, 0, 10), (1, 1, 20), (2, 1, 30))] + [
+        series("DCGM_FI_DEV_GPU_UTIL", f'Hostname="node-{n}", gpu="1"', f"{v}x10")
+        for n, v in ((1, 90), (2, 70))]
+
+    def case(expr: str, labels: str | None, value: float = 0) -> dict[str, Any]:
+        samples = [{"labels": labels, "value": value}] if labels else []
+        return {"expr": expr, "eval_time": "5m", "exp_samples": samples}
+    slowest = 'job_name="llama", rank="1"'
+    spec = {"rule_files": [str(RULES_DIR / "mindformers-recording.yml")],
+            "evaluation_interval": "1m", "tests": [
+                {"interval": "1m", "input_series": kubernetes, "promql_expr_test": [
+                    case(npu_k8s, '{instance="10.0.0.1:8082", id="1", pod_name="llama-0", '
+                                  f'namespace="train", {slowest}}}', 20),
+                    case(npu_bare, None), case(gpu, None)]},
+                {"interval": "1m", "input_series": bare_metal, "promql_expr_test": [
+                    case(npu_k8s, None),
+                    case(npu_bare, f'{{instance="node-1:8082", node="node-1", id="1", {slowest}}}',
+                         20),
+                    case(gpu, f'{{Hostname="node-1", gpu="1", {slowest}}}', 90)]}]}
+    path = tmp_path / "join.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_recording_rules_used_are_recorded_by_the_rule_files():

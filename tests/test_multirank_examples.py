@@ -1,5 +1,7 @@
-"""The multi-rank examples: Prometheus configs and rules (promtool), Kubernetes manifests and the
-OpenTelemetry Collector config (structure; no cluster or collector binary runs here)."""
+"""The multi-rank examples: Prometheus configs (promtool), Kubernetes manifests and the
+OpenTelemetry Collector config (structure; no cluster or collector binary runs here), and the
+multi-rank rules of docs/multirank.md as shipped in prometheus/rules (tests/test_rules.py checks
+their conventions, promtool cases and runbook)."""
 from __future__ import annotations
 
 import re
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mfotel import rules
 from mfotel.contract import CONTRACT
 from mfotel.discovery import target_groups
 from mfotel.stack import find_binary
@@ -18,6 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PROM = ROOT / "examples" / "prometheus"
 K8S = ROOT / "examples" / "kubernetes"
 COLLECTOR = ROOT / "examples" / "otel-collector" / "collector.yaml"
+DOC = ROOT / "docs" / "multirank.md"
+MULTIRANK_TESTS = ROOT / "prometheus" / "tests" / "multirank.yml"
+MULTIRANK_ALERTS = ("MindFormersRanksMissing", "MindFormersLossDivergence", "MindFormersStepDrift")
+MULTIRANK_RECORDS = (rules.STRAGGLER_SCORE, rules.RANKS_REPORTING, rules.STEPS_BEHIND,
+                     rules.loss_mean_record(rules.RulesConfig()),
+                     rules.loss_median_record(rules.RulesConfig()))
+EXAMPLE_CONFIGS = ("examples/prometheus/static.yml", "examples/prometheus/file_sd.yml",
+                   "examples/otel-collector/prometheus-scrape-collector.yml")
 
 
 def promtool(*args: str) -> str:
@@ -29,37 +40,28 @@ def promtool(*args: str) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("config", ["examples/prometheus/static.yml",
-                                    "examples/prometheus/file_sd.yml",
-                                    "examples/otel-collector/prometheus-scrape-collector.yml"])
+@pytest.mark.parametrize("config", EXAMPLE_CONFIGS)
 def test_prometheus_example_configs_are_valid(config):
     assert "is valid prometheus config file syntax" in promtool("check", "config", config)
 
 
-def test_multirank_rules_pass_promtool_check_and_unit_tests():
-    assert "SUCCESS: 8 rules found" in promtool("check", "rules",
-                                                 "examples/prometheus/multirank-rules.yml")
-    assert "SUCCESS" in promtool("test", "rules", "examples/prometheus/multirank-rules.test.yml")
+@pytest.mark.parametrize("config", [*EXAMPLE_CONFIGS,
+                                    "examples/kubernetes/prometheus-kubernetes-sd.yml"])
+def test_example_configs_load_the_shipped_rules_only(config):
+    rule_files = yaml.safe_load((ROOT / config).read_text())["rule_files"]
+    assert [Path(f).name for f in rule_files] == [rules.RECORDING_FILE, rules.ALERTS_FILE]
 
 
-def test_multirank_alerts_follow_the_house_style():
-    rules = yaml.safe_load((PROM / "multirank-rules.yml").read_text())
-    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
-    tests = (PROM / "multirank-rules.test.yml").read_text()
-    doc = (ROOT / "docs" / "multirank.md").read_text()
-    assert [a["alert"] for a in alerts] == ["MindFormersRanksMissing", "MindFormersLossDivergence",
-                                            "MindFormersStepDrift"]
-    for alert in alerts:
-        name = alert["alert"]
-        assert alert["labels"]["severity"] in ("critical", "warning")
-        assert set(alert["annotations"]) == {"summary", "description", "runbook_url"}
-        assert "{{" not in alert["annotations"]["summary"]
-        assert "$labels.job_name" in alert["annotations"]["description"]
-        assert alert["annotations"]["runbook_url"].endswith("#" + name.lower())
-        assert f"### {name}" in doc  # runbook section proposed in the docs
-        assert tests.count(f"alertname: {name}") >= 2  # positive and negative cases
-    for record in [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]:
-        assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", record)
+def test_multirank_rules_are_shipped_and_documented():
+    doc = DOC.read_text()
+    recorded = {r["record"] for g in rules.recording_rules(rules.RulesConfig()) for r in g["rules"]}
+    assert set(MULTIRANK_ALERTS) <= set(rules.alert_names())
+    assert set(MULTIRANK_RECORDS) <= recorded
+    for name in (*MULTIRANK_ALERTS, *MULTIRANK_RECORDS):
+        assert f"`{name}`" in doc, name
+    for name in MULTIRANK_ALERTS:  # the runbook lives in one place
+        assert f"prometheus/runbook.md#{name.lower()}" in doc, name
+        assert f"### {name}" not in doc, name
 
 
 def test_example_target_file_is_what_mfotel_targets_writes():
@@ -132,18 +134,10 @@ def test_collector_renames_give_the_contract_names():
 
 
 def test_docs_quote_the_tested_join_queries():
-    tests = yaml.safe_load((PROM / "multirank-rules.test.yml").read_text())["tests"]
+    tests = yaml.safe_load(MULTIRANK_TESTS.read_text())["tests"]
     joins = [case["expr"] for test in tests for case in test.get("promql_expr_test", [])
              if "mindformers_train_rank_info" in case["expr"]]
     doc = (ROOT / "docs" / "multirank.md").read_text()
     assert len(joins) == 3
     for expr in joins:
         assert expr in doc, expr
-
-
-def test_every_multirank_recording_rule_is_unit_tested():
-    rules = yaml.safe_load((PROM / "multirank-rules.yml").read_text())
-    tests = yaml.safe_load((PROM / "multirank-rules.test.yml").read_text())["tests"]
-    tested = " ".join(case["expr"] for test in tests for case in test.get("promql_expr_test", []))
-    for record in [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]:
-        assert record in tested, record

@@ -18,11 +18,10 @@ import pytest
 
 from conftest import value
 from mfotel.otlp_receiver import OtlpReceiver, points
-from mfotel.rules import render_rules
+from mfotel.rules import write_rules
 from mfotel.stack import Prometheus, free_port
 from multirank_support import (EndpointPoller, child_env, free_port_block, msrun_command,
-                               prometheus_config, read_json, start, stop, value_of, wait_until,
-                               write_rules)
+                               prometheus_config, read_json, start, stop, value_of, wait_until)
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +72,7 @@ def dp_run(tmp_path_factory) -> DpRun:
     base = free_port_block(2)
     targets = work / "targets" / f"{JOB}.json"
     truth_dir, release = work / "truth", work / RELEASE
-    rules = write_rules(work, render_rules())
+    rules = write_rules(work)  # the shipped rules (prometheus/rules/), multi-rank ones included
     prom = Prometheus(prometheus_config(str(work / "targets" / "*.json"), [r.name for r in rules]),
                       rule_files=rules, workdir=work / "prom")
     args = ["--steps", str(STEPS), "--port", str(base), "--job-name", JOB,

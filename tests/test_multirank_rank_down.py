@@ -1,5 +1,5 @@
 """Killing one rank mid-run fires MindFormersRankDown for that rank only, and
-MindFormersRanksMissing for its job (real Prometheus, the shipped and the multi-rank rules).
+MindFormersRanksMissing for its job (real Prometheus, the shipped rules).
 
 msrun tears the whole job down as soon as one worker dies (measured: the other rank is gone
 within a second), so here the two ranks are independent training processes of
@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from mfotel.rules import RulesConfig, render_rules
+from mfotel.rules import RulesConfig, write_rules
 from mfotel.stack import Prometheus
 from multirank_support import (EXAMPLE, child_env, free_port_block, prometheus_config, start,
-                               stop, wait_until, write_rules)
+                               stop, wait_until)
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,8 @@ def test_killed_rank_fires_rank_down_for_that_rank_only(tmp_path):
     assert cli.returncode == 0, cli.stderr
     assert json.loads(targets.read_text()) == [
         {"targets": [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"], "labels": {"cluster": "ci"}}]
-    # every alert fires on its first true evaluation (no `for`)
-    rules = write_rules(tmp_path, render_rules(RulesConfig(rank_down_for="0s")), immediate=True)
+    # both alerts fire on their first true evaluation (no `for`)
+    rules = write_rules(tmp_path, RulesConfig(rank_down_for="0s", ranks_missing_for="0s"))
     prom = Prometheus(prometheus_config(str(tmp_path / "targets" / "*.json"),
                                         [r.name for r in rules]),
                       rule_files=rules, workdir=tmp_path / "prom")

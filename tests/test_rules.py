@@ -26,6 +26,10 @@ RUNBOOK = ROOT / "prometheus" / "runbook.md"
 PROMETHEUS_YML = ROOT / "prometheus" / "prometheus.yml"
 ALERTMANAGER_YML = ROOT / "alertmanager" / "alertmanager.yml"
 
+#: Alerts about a whole job rather than one rank: their expression aggregates `rank` away, so
+#: their description names job_name only. Keep this list explicit and short.
+JOB_LEVEL_ALERTS = frozenset({"MindFormersRanksMissing"})
+
 INSTALL = {"promtool": "apt-get install prometheus",
            "amtool": "apt-get install prometheus-alertmanager"}
 
@@ -76,12 +80,13 @@ def test_promtool_check_config_accepts_the_example_prometheus_yml() -> None:
 
 def test_amtool_check_config_accepts_the_example_alertmanager_yml() -> None:
     out = run_tool("amtool", "check-config", str(ALERTMANAGER_YML)).stdout
-    assert "SUCCESS" in out and "1 inhibit rules" in out
+    assert "SUCCESS" in out and "2 inhibit rules" in out
 
 
 def test_rules_with_a_custom_selector_and_thresholds_are_valid(tmp_path: Path) -> None:
     config = rules.RulesConfig(selector='cluster="a", job=~"mindformers.*"', stall_seconds=1800,
-                               loss_spike_factor=2.0, rank_down_for="5m")
+                               loss_spike_factor=2.0, rank_down_for="5m",
+                               loss_divergence_window="30m", ranks_missing_for="0s")
     paths = rules.write_rules(tmp_path, config)
     run_tool("promtool", "check", "rules", *map(str, paths))
     text = (tmp_path / rules.ALERTS_FILE).read_text()
@@ -89,6 +94,12 @@ def test_rules_with_a_custom_selector_and_thresholds_are_valid(tmp_path: Path) -
     assert "> 1800" in text and "for: 5m" in text and "stall_seconds=1800" in text
     recorded = (tmp_path / rules.RECORDING_FILE).read_text()
     assert 'mindformers_train_samples_total{cluster="a", job=~"mindformers.*"}' in recorded
+    # the loss records are named after their window, and the alert reads those names
+    assert "record: job_name:mindformers_train_loss:rank_median30m" in recorded
+    assert "job_name:mindformers_train_loss:rank_median30m > 0" in text
+    missing = next(r for g in rules.alerting_rules(config) for r in g["rules"]
+                   if r["alert"] == "MindFormersRanksMissing")
+    assert "for" not in missing
 
 
 # ---------------------------------------------------------------- generation
@@ -115,6 +126,8 @@ def test_rules_check_command_reports_stale_files(tmp_path: Path) -> None:
     ({"loss_spike_factor": 0.9}, "must be > 1"),
     ({"throughput_drop_ratio": 1.5}, "must be in"),
     ({"stall_seconds": 0}, "must be > 0"),
+    ({"step_drift_seconds": -1}, "must be > 0"),
+    ({"loss_divergence_tolerance": 0.0}, "must be > 0"),
     ({"selector": '{cluster="a"}'}, "without braces"),
 ])
 def test_rules_config_rejects_bad_values(override: dict, message: str) -> None:
@@ -161,10 +174,20 @@ def test_alert_follows_mixin_conventions(rule: dict) -> None:
     assert set(annotations) == {"summary", "description", "runbook_url"}
     assert "{{" not in annotations["summary"], "summary must be static"
     assert "$labels.job_name" in annotations["description"]
-    assert "$labels.rank" in annotations["description"]
+    if rule["alert"] in JOB_LEVEL_ALERTS:
+        assert "$labels.rank" not in annotations["description"], "job-level alert names a rank"
+    else:
+        assert "$labels.rank" in annotations["description"]
     base, _, anchor = annotations["runbook_url"].partition("#")
     assert base == rules.RUNBOOK_BASE_URL and anchor == rule["alert"].lower()
     assert anchor in runbook_anchors(), f"prometheus/runbook.md has no section {rule['alert']}"
+
+
+def test_job_level_alerts_are_shipped_and_grouped_by_job() -> None:
+    assert JOB_LEVEL_ALERTS <= set(rules.alert_names()), "stale JOB_LEVEL_ALERTS entry"
+    route = load(ALERTMANAGER_YML)["route"]
+    # grouping by a label a job-level alert lacks would split or merge notifications oddly
+    assert set(route["group_by"]) <= {"job_name", "alertname", "severity"}
 
 
 def test_runbook_sections_explain_meaning_checks_and_silencing() -> None:
@@ -201,7 +224,9 @@ def test_firing_cases_check_labels_and_annotations() -> None:
             for case in test.get("alert_rule_test", []):
                 for alert in case.get("exp_alerts") or []:
                     where = f"{path.name}: {test.get('name')} @ {case['eval_time']}"
-                    assert {"severity", "job_name", "rank"} <= set(alert["exp_labels"]), where
+                    assert {"severity", "job_name"} <= set(alert["exp_labels"]), where
+                    job_level = case["alertname"] in JOB_LEVEL_ALERTS
+                    assert ("rank" in alert["exp_labels"]) != job_level, where
                     assert set(alert["exp_annotations"]) == {
                         "summary", "description", "runbook_url"}, where
 
@@ -224,6 +249,7 @@ def test_dashboard_recording_rule_names_are_kept() -> None:
         "job_name:mindformers_train_step_duration_seconds:rank_median1m",
         "job_name:mindformers_train_step_duration_seconds:rank_spread1m",
         "job_name:mindformers_train_ranks_running:count",
+        "job_name_rank:mindformers_train_straggler_score:ratio1m",
     } <= records
     quantiles = {r["labels"]["quantile"] for r in recording_rules()
                  if r["record"] == "job_name:mindformers_train_step_duration_seconds:quantile1m"}
@@ -257,7 +283,10 @@ def test_every_series_named_in_rules_is_in_the_contract_or_recorded() -> None:
 
 
 def test_rules_group_by_contract_labels_only() -> None:
-    allowed = set(COMMON_LABELS) | {"job", "instance", "le", "metric"}
+    # the contract's labels (rank_info's world_size, nonfinite_total's metric, ...) and
+    # Prometheus' target and histogram labels
+    allowed = set(COMMON_LABELS) | {label for spec in CONTRACT for label in spec.labels} | {
+        "job", "instance", "le"}
     for rule in alert_rules() + recording_rules():
         for clause in re.findall(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)", rule["expr"]):
             labels = {label.strip() for label in clause.split(",") if label.strip()}

@@ -7,6 +7,7 @@ _RATE = "[$__rate_interval]"
 _MEAN = "job_name_rank:mindformers_train_step_duration_seconds:mean1m"
 _MEDIAN = "job_name:mindformers_train_step_duration_seconds:rank_median1m"
 _SPREAD = "job_name:mindformers_train_step_duration_seconds:rank_spread1m"
+_SCORE = "job_name_rank:mindformers_train_straggler_score:ratio1m"
 
 
 def _ranks_in(status: int, title: str, description: str) -> Panel:
@@ -14,6 +15,37 @@ def _ranks_in(status: int, title: str, description: str) -> Panel:
     return Panel(title, "none", (Target(
         f"sum by (job_name) ({sel('mindformers_train_status')} == bool {status})", JOB),),
         kind="stat", width=6, height=5, description=description)
+
+
+def _slowest_rank_device(labels: str, *matchers: str) -> str:
+    """rank_info of each job's slowest rank (lowest straggler score), `labels` kept, value 1."""
+    return (f"max by (job_name, rank, {labels}) "
+            f"({sel('mindformers_train_rank_info', *matchers, rank=False)}) "
+            f"* on (job_name, rank) group_left () "
+            f"(bottomk by (job_name) (1, {sel(_SCORE, rank=False)}) > bool 0)")
+
+
+# NPU-Exporter labels a chip `id` (its physical index, = rank_info's device_id) and, in
+# Kubernetes, the `namespace`/`pod_name` using it; on bare metal its target host stands in for
+# rank_info's `node`. dcgm-exporter labels `gpu` and `Hostname`. The pod_name matchers keep
+# the Kubernetes and bare-metal joins apart (chip ids repeat on every node).
+_DEVICE_UTILISATION = (
+    Target("npu_chip_info_utilization * on (namespace, pod_name, id) "
+           "group_left (job_name, rank) label_replace("
+           + _slowest_rank_device("namespace, pod_name, device_id", 'pod_name!=""')
+           + ', "id", "$1", "device_id", "(.*)")',
+           "{{job_name}} rank {{rank}} npu {{id}}"),
+    Target('label_replace(npu_chip_info_utilization, "node", "$1", "instance", "([^:]+):.*") '
+           "* on (node, id) group_left (job_name, rank) label_replace("
+           + _slowest_rank_device("node, device_id", 'pod_name=""')
+           + ', "id", "$1", "device_id", "(.*)")',
+           "{{job_name}} rank {{rank}} npu {{id}}"),
+    Target("DCGM_FI_DEV_GPU_UTIL * on (Hostname, gpu) group_left (job_name, rank) "
+           "label_replace(label_replace("
+           + _slowest_rank_device("node, device_id")
+           + ', "gpu", "$1", "device_id", "(.*)"), "Hostname", "$1", "node", "(.*)")',
+           "{{job_name}} rank {{rank}} gpu {{gpu}}"),
+)
 
 
 def _deviation(metric: str) -> str:
@@ -51,6 +83,16 @@ stragglers = Row("Step time and stragglers", (
                f"{sel(_MEDIAN, rank=False)}))", RANK, instant=True),
     ), kind="bargauge", description="Mean step time of the 10 slowest ranks relative to the "
                                     "median rank (100% = median), 1m window."),
+    Panel("Straggler score per rank", "percentunit", (Target(sel(_SCORE), RANK),),
+          min=0, max=1,
+          description="Mean step time of the job's fastest rank divided by this rank's, 1m "
+                      "window: 100% = the fastest rank, 50% = twice as slow (recording rule)."),
+    Panel("Device of the slowest rank: utilisation", "percent", _DEVICE_UTILISATION,
+          description="Utilisation of the NPU or GPU behind each job's slowest rank (lowest "
+                      "straggler score), joined through mindformers_train_rank_info: "
+                      "NPU-Exporter in Kubernetes (namespace, pod_name, id) or on bare metal "
+                      "(target host, id), dcgm-exporter (Hostname, gpu).",
+          needs="MindCluster NPU-Exporter or dcgm-exporter scraped by the same Prometheus"),
     Panel("Mean step time per rank", "s", (Target(sel(_MEAN), RANK),),
           description="Mean wall time of one step per rank, 1m window."),
     Panel("p99 step time per rank", "s", (

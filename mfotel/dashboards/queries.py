@@ -80,11 +80,14 @@ def grafana_value(values: Sequence[str], all_value: str = ".*") -> str:
 def substitute(expr: str, variables: Mapping[str, Sequence[str]], rate_interval: str = "1m",
                interval: str = "15s", range_: str = "1h") -> str:
     """`expr` with `$var`/`${var}` and Grafana's `$__rate_interval`, `$__interval`, `$__range`
-    replaced. An unknown variable raises KeyError (a typo would otherwise reach the user)."""
+    replaced. An unknown variable raises KeyError (a typo would otherwise reach the user);
+    `$1`, `$2`, ... are label_replace() group references, which Grafana leaves alone."""
     builtins = {"__rate_interval": rate_interval, "__interval": interval, "__range": range_}
 
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
+        if name.isdigit():
+            return match.group(0)
         if name in builtins:
             return builtins[name]
         if name in variables:
