@@ -9,13 +9,14 @@ numbers; `--strict` turns them into exit code 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .logs import ParseReport, Progress, Run, discover_runs, iter_rows
 
@@ -71,15 +72,24 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
+def _missing_runs_are_errors(command: Callable[[argparse.Namespace], int]
+                             ) -> Callable[[argparse.Namespace], int]:
+    """A RUN path that does not exist is a one-line error, not a traceback."""
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except FileNotFoundError as exc:
+            return _error(str(exc))
+    return run
+
+
 # --- commands ------------------------------------------------------------------------------
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """Loss, learning rate, grad norm and throughput curves, runs overlaid."""
     from . import plot
-    try:
-        runs = _runs(args)
-    except FileNotFoundError as exc:
-        return _error(str(exc))
+    runs = _runs(args)
     report = ParseReport()
     with _progress(runs, args.quiet) as progress:
         series = plot.collect(iter_rows(runs, report, progress),
@@ -102,10 +112,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """Tidy CSV: run, rank, step, epoch, time and the metric values."""
     from .export import write_csv
-    try:
-        runs = _runs(args)
-    except FileNotFoundError as exc:
-        return _error(str(exc))
+    runs = _runs(args)
     report = ParseReport()
     with _progress(runs, args.quiet) as progress:
         if args.csv == "-":
@@ -145,10 +152,7 @@ def _positive(text: str) -> float:
 def cmd_backfill(args: argparse.Namespace) -> int:
     """OpenMetrics with the live names and labels; optionally TSDB blocks via promtool."""
     from .backfill import BackfillError, create_blocks, find_promtool, write_openmetrics
-    try:
-        runs = _runs(args)
-    except FileNotFoundError as exc:
-        return _error(str(exc))
+    runs = _runs(args)
     if args.job_name and len(args.job_name) != len(runs):
         return _error(f"give one --job-name per RUN ({len(runs)}), or none to use the run names")
     if args.create_blocks and find_promtool() is None:
@@ -203,10 +207,7 @@ def _iso(seconds: float | None) -> str:
 def cmd_summary(args: argparse.Namespace) -> int:
     """A Markdown table per run."""
     from .summary import summarize_markdown
-    try:
-        runs = _runs(args)
-    except FileNotFoundError as exc:
-        return _error(str(exc))
+    runs = _runs(args)
     report = ParseReport()
     with _progress(runs, args.quiet) as progress:
         text = summarize_markdown(runs, report, progress)
@@ -245,7 +246,7 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
                       help="only this rank (repeatable; default: all)")
     plot.add_argument("--title", default=None)
     plot.add_argument("--dpi", type=int, default=120)
-    plot.set_defaults(func=cmd_plot)
+    plot.set_defaults(func=_missing_runs_are_errors(cmd_plot))
 
     export = subparsers.add_parser(
         "export", help="write runs as a tidy CSV",
@@ -253,7 +254,7 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
                     "learning_rate, grad_norm, throughput, step_time, loss_scale.")
     _common(export)
     export.add_argument("--csv", required=True, metavar="PATH", help="output CSV ('-' = stdout)")
-    export.set_defaults(func=cmd_export)
+    export.set_defaults(func=_missing_runs_are_errors(cmd_export))
 
     backfill = subparsers.add_parser(
         "backfill", help="write runs as OpenMetrics for Prometheus (promtool backfill)",
@@ -272,7 +273,7 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
                           help="seconds per step for rows without a timestamp (default 1)")
     backfill.add_argument("--create-blocks", action="store_true",
                           help="run promtool tsdb create-blocks-from openmetrics into OUT/data")
-    backfill.set_defaults(func=cmd_backfill)
+    backfill.set_defaults(func=_missing_runs_are_errors(cmd_backfill))
 
     summary = subparsers.add_parser(
         "summary", help="Markdown summary table per run",
@@ -280,7 +281,7 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
                     "non-finite step with the lr and grad norm before it, mean throughput.")
     _common(summary)
     summary.add_argument("-o", "--output", default=None, help="write to this file, not stdout")
-    summary.set_defaults(func=cmd_summary)
+    summary.set_defaults(func=_missing_runs_are_errors(cmd_summary))
 
 
 def main(argv: list[str] | None = None) -> int:
