@@ -102,9 +102,8 @@ def _wait(condition, what: str, timeout: float, ranks: list[subprocess.Popen],
 @pytest.fixture(scope="module")
 def fed_prometheus(tmp_path_factory):
     """(prometheus, start time, end time) with two demo ranks trained and still served."""
-    pytest.importorskip("mindspore")
-    if find_binary(("prometheus",)) is None:
-        pytest.skip("no prometheus binary (apt-get install prometheus)")
+    import mindspore  # noqa: F401 - a test dependency: fail, never skip
+    assert find_binary(("prometheus",)), "no prometheus binary: apt-get install prometheus"
     workdir = tmp_path_factory.mktemp("dashboards-e2e")
     ports = [free_port(), free_port()]
     rule_files = sorted((ROOT / "prometheus" / "rules").glob("*.yml"))

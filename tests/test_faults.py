@@ -13,7 +13,6 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.request
 
 import pytest
 

@@ -56,8 +56,8 @@ def issue_yaml(tmp_path: Path, port: int) -> Path:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Train once; scrape /metrics every 50 ms until the run reports completed."""
-    if importlib.util.find_spec("mindformers") is None:  # not imported here: it writes ./output
-        pytest.skip("mindformers is not installed")
+    # not imported here (it writes ./output); a test dependency: fail, never skip
+    assert importlib.util.find_spec("mindformers"), 'pip install -e ".[mindformers]"'
     from mfotel.stack import free_port
     tmp_path = tmp_path_factory.mktemp("mindformers-e2e")
     port = free_port()
