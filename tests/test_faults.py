@@ -70,11 +70,10 @@ DISK_FULL = textwrap.dedent("""
     import json, resource, signal, sys
     from mfotel.demo import run_demo
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # EFBIG instead of being killed
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))  # files of at most 1 KiB: "disk full"
     result = run_demo(steps=int(sys.argv[1]), port=0, metrics=["loss", "learning_rate"],
-                      linger_seconds=0, output={"console": False, "file": True,
-                                                "file_path": "full/m.log"},
-                      extra_callbacks=(), step_interval=1,
-                      **{} if resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024)) else {})
+                      linger_seconds=0, step_interval=1,
+                      output={"console": False, "file": True, "file_path": "full/m.log"})
     print(json.dumps({"steps": len(result.losses),
                       "errors": result.monitor.instruments.state.export_errors}))
 """)
