@@ -23,7 +23,7 @@ from mindspore.train.callback import RunContext  # noqa: E402
 from mindspore.train.callback import _InternalCallbackParam  # noqa: E402
 
 from mfotel.callback import OTelMonitor  # noqa: E402
-from mfotel.stack import free_port  # noqa: E402
+from mfotel.demo.stack import free_port  # noqa: E402
 
 
 def rss_mb() -> float:

@@ -27,8 +27,8 @@ import mindspore.dataset as ds  # noqa: E402
 from mindspore.train import Callback, LossMonitor  # noqa: E402
 
 from mfotel.callback import OTelMonitor  # noqa: E402
-from mfotel.demo import SyntheticRegression, build_model  # noqa: E402
-from mfotel.stack import free_port  # noqa: E402
+from mfotel.demo.training import SyntheticRegression, build_model  # noqa: E402
+from mfotel.demo.stack import free_port  # noqa: E402
 
 ALL_METRICS = ["loss", "learning_rate", "grad_norm", "throughput", "step_time"]
 

@@ -1,4 +1,4 @@
-"""Parsing speed and memory of mfotel.logs on generated 1M-line monitor logs.
+"""Parsing speed and memory of mfotel.logs.parse on generated 1M-line monitor logs.
 
     python benchmarks/parse_speed.py [--lines 1000000] [--dir /tmp]
 
@@ -26,7 +26,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mfotel.logs import ParseReport, parse_file  # noqa: E402
+from mfotel.logs.parse import ParseReport, parse_file  # noqa: E402
 from mfotel.sinks import format_json, format_line  # noqa: E402
 
 MF_FIXTURE = ROOT / "tests" / "fixtures" / "mindformers" / "info.log"

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server  # noq
 from mfotel.config import parse_config  # noqa: E402
 from mfotel.identity import RankIdentity  # noqa: E402
 from mfotel.instruments import Instruments  # noqa: E402
-from mfotel.stack import free_port  # noqa: E402
+from mfotel.demo.stack import free_port  # noqa: E402
 from mfotel.telemetry import Telemetry  # noqa: E402
 
 LABELS = {"job_name": "bench", "rank": "0"}
@@ -145,7 +145,7 @@ def part2(steps: int, series: int) -> None:
     import mindspore.dataset as ds
     from mindspore.train import Callback
     from mfotel.callback import OTelMonitor
-    from mfotel.demo import SyntheticRegression, build_model
+    from mfotel.demo.training import SyntheticRegression, build_model
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
 

@@ -11,23 +11,25 @@ import dataclasses
 import logging
 import math
 import time
+from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindspore.train import Callback
 
 from . import contract
-from .actions import ActionEngine
 from .config import (ALIASES, ConfigError, MonitorConfig, check_writable, load_config,
                      parse_config)
 from .extract import StepOutputs, cb_param, is_finite, parse_net_outputs, to_float
-from .fastpage import loss_alert, page_async
-from .discovery import FileSdWriter, check_port_collision
 from .identity import RankIdentity, RunIdentity, finish_run, identity_from_env, rank_port, start_run
 from .instruments import Instruments
 from .sinks import ConsoleSink, FileSink, format_json, format_line
 from .telemetry import Telemetry
 from .webconfig import load_web_config
+
+if TYPE_CHECKING:  # optional parts, imported when configured (the core never needs them)
+    from .actions.engine import ActionEngine
+    from .cluster.discovery import FileSdWriter
 
 log = logging.getLogger("mfotel")
 DEFAULT_JOB_NAME = "mindformers"
@@ -104,9 +106,9 @@ class OTelMonitor(Callback):
         self._record_samples = 0
         self._stopped = False
         self._closed = False
-        self.actions: ActionEngine | None = None  # mfotel.actions
+        self.actions: ActionEngine | None = None  # mfotel.actions.engine
         self.final_scraped = False  # whether a scrape saw the final status before shutdown
-        # multi-rank (mfotel.identity / mfotel.discovery)
+        # multi-rank (mfotel.identity / mfotel.cluster.discovery)
         self.run: RunIdentity | None = None
         self.file_sd: FileSdWriter | None = None
         self._step_offset: int | None = None  # global step - cur_step_num, set at the first step
@@ -150,7 +152,8 @@ class OTelMonitor(Callback):
         cfg, ident = self.config, self.identity
         port = rank_port(cfg.prometheus.port, ident, cfg.source)  # colliding ranks: ConfigError
         self.run = start_run(cfg.run, ident.rank, self.job_name, cfg.source)
-        if cfg.actions.enabled:  # mfotel.actions; a ConfigError here stops before training
+        if cfg.actions.enabled:  # mfotel.actions.engine; a ConfigError here stops before training
+            from .actions.engine import ActionEngine
             self.actions = ActionEngine(cfg.actions, self.job_name, ident.rank, ident.world_size)
             self.actions.start(self._optimizer(cb), cb_param(cb, "train_network", None))
         self.telemetry = Telemetry(self._telemetry_config(), ident, self.job_name,
@@ -170,6 +173,8 @@ class OTelMonitor(Callback):
         where = self.telemetry.endpoint.url if self.telemetry.endpoint else "off"
         log.info("mfotel: job %s rank %d/%d, /metrics %s", self.job_name, ident.rank,
                  ident.world_size, where)
+        if cfg.alertmanager_url:
+            import_module(".alerting.fastpage", __package__)  # not on the first NaN's step
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ multi-rank
@@ -182,6 +187,7 @@ class OTelMonitor(Callback):
     def _start_multirank(self, cb: Any, port: int) -> None:
         """Explain a port held by another rank; write the file_sd file; note the resumed step."""
         self._begin_step = int(cb_param(cb, "cur_step_num", 0) or 0)
+        from .cluster.discovery import FileSdWriter, check_port_collision
         try:
             if port and self.telemetry.endpoint is None:
                 check_port_collision(self.config, self.identity, self.job_name, port)
@@ -330,7 +336,7 @@ class OTelMonitor(Callback):
 
     def _apply_actions(self, run_context: Any, cb: Any, step: int, loss: float | None,
                        recorded: bool) -> None:
-        """Local rules and the control file (mfotel.actions), after this step's record."""
+        """Local rules and the control file (mfotel.actions.engine), after this step's record."""
         for request in self.actions.step_end(step, loss, recorded, self._optimizer(cb)):
             if request.action == "stop" and not self._stopped:
                 self._stopped = True
@@ -348,6 +354,7 @@ class OTelMonitor(Callback):
                 if st.first_nonfinite_step is None:
                     st.first_nonfinite_step = step
                     if self.config.alertmanager_url:  # fast path: page before the next scrape
+                        from .alerting.fastpage import loss_alert, page_async  # loaded at start
                         page_async(self.config.alertmanager_url,
                                    loss_alert(self.job_name, self.identity.rank, step, out.loss),
                                    lambda: self.instruments.count_error("alertmanager"))

@@ -8,13 +8,13 @@ from typing import Any, Sequence
 
 import yaml
 
-from .alerts_receiver import add_alerts_receiver_command
+from .alerting.receiver import add_alerts_receiver_command
 from .config import ConfigError, describe, load_config, read_yaml
-from .control import add_control_command
-from .discovery import add_targets_command
+from .actions.control import add_control_command
+from .cluster.discovery import add_targets_command
 from .contract import SEED_METRICS
-from .logs_cli import add_log_commands
-from .rules import add_rules_command
+from .logs.cli import add_log_commands
+from .alerting.rules import add_rules_command
 
 
 def _is_mindformers_yaml(path: str) -> bool:
@@ -31,7 +31,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     status = 0
     for path in args.config:
         if _is_mindformers_yaml(path):
-            from .mindformers_check import check_mindformers_yaml
+            from .integrations.mindformers_check import check_mindformers_yaml
             problems = check_mindformers_yaml(
                 path, use_mindformers=False if args.no_mindformers else None)
             for problem in problems:
@@ -59,7 +59,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Train a tiny real network on the CPU with the monitor on and /metrics served."""
     if args.with_alerting:
         return _alerting_demo(args)
-    from .demo import run_demo
+    from .demo.training import run_demo
     overrides: dict[str, Any] = {"metrics": args.metrics, "on_nonfinite": args.on_nonfinite,
                                  "log_rank": args.log_rank}
     if args.seq_length:
@@ -88,7 +88,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _alerting_demo(args: argparse.Namespace) -> int:
     """The demo plus real Prometheus + Alertmanager + receiver on loopback, and a NaN."""
-    from .alerting_demo import run_alerting_demo
+    from .demo.alerting import run_alerting_demo
     try:
         run_alerting_demo(steps=min(args.steps, 200), nan_at_step=args.nan_at_step or 20,
                           port=args.port or None, job_name=args.job_name)

@@ -64,7 +64,7 @@ class OtlpConfig:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- multi-rank (mfotel.discovery)
+# ---------------------------------------------------------------- multi-rank (mfotel.cluster.discovery)
 FILE_SD_MODES: tuple[str, ...] = ("job", "rank")
 CARDINALITY_LEVELS: tuple[str, ...] = ("full", "health")
 
@@ -91,7 +91,7 @@ class RunConfig:
 
 
 
-# ---------------------------------------------------------------- actions (mfotel.actions)
+# ---------------------------------------------------------------- actions (mfotel.actions.engine)
 ACTIONS: tuple[str, ...] = ("stop", "scale_lr", "warn")
 
 
@@ -150,8 +150,8 @@ class MonitorConfig:
     batch_size: int | None = None  # samples per step on this rank, when the run can't tell
     seq_length: int | None = None  # tokens per sample, enables mindformers_train_tokens_total
     native_series_limit: int = 2000  # series per native metric (OTel's default cardinality cap)
-    actions: ActionsConfig = field(default_factory=ActionsConfig)  # mfotel.actions
-    file_sd: FileSdConfig = field(default_factory=FileSdConfig)    # mfotel.discovery
+    actions: ActionsConfig = field(default_factory=ActionsConfig)  # mfotel.actions.engine
+    file_sd: FileSdConfig = field(default_factory=FileSdConfig)    # mfotel.cluster.discovery
     cardinality: str = "full"      # full | health (seed metrics only from metric_ranks)
     metric_ranks: tuple[int, ...] | None = None  # at cardinality health; None = log_rank's
     run: RunConfig = field(default_factory=RunConfig)
@@ -281,7 +281,7 @@ def _log_rank(value: Any, source: str, key: str) -> tuple[int, ...] | None:
     return tuple(sorted(set(ranks)))
 
 
-# multi-rank (mfotel.discovery): file_sd, run identity, cardinality
+# multi-rank (mfotel.cluster.discovery): file_sd, run identity, cardinality
 _RESERVED_TARGET_LABELS = ("job_name", "rank", "job", "instance")
 
 
@@ -344,7 +344,7 @@ def _check_file_sd(cfg: "MonitorConfig", source: str, prefix: str) -> None:
 
 
 
-# actions (mfotel.actions): local rules and the control directory
+# actions (mfotel.actions.engine): local rules and the control directory
 def _factor(value: Any, source: str, key: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
             and value > 0:

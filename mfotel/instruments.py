@@ -102,7 +102,7 @@ class Instruments:
                 self.flush()  # collection runs observable callbacks before reading storage
                 return [Observation(1, info)]
             return observe_info
-        if key == "actions":  # mfotel.actions: (action, source) -> count
+        if key == "actions":  # mfotel.actions.engine: (action, source) -> count
             return lambda options: [Observation(count, {**attrs, "action": action, "source": source})
                                     for (action, source), count in list(state.actions.items())]
         if key in ("nonfinite", "export_errors"):

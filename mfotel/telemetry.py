@@ -7,7 +7,7 @@ import platform
 import time
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import ObservableGauge
@@ -19,8 +19,10 @@ from prometheus_client import CollectorRegistry
 from .config import MonitorConfig
 from .exposition import CachedMetricsApp, CachingCollector, serve
 from .identity import RankIdentity
-from .otlp import OtlpPush
 from .webconfig import WebConfig, load_web_config
+
+if TYPE_CHECKING:
+    from .cluster.otlp import OtlpPush
 
 log = logging.getLogger("mfotel")
 SCOPE = "mfotel"
@@ -131,7 +133,8 @@ class Telemetry:
         readers: list[MetricReader] = [PrometheusMetricReader(
             disable_target_info=native, scope_info_enabled=False, registry=source,
             cardinality_limits=limits)]
-        if self.cfg.otlp.endpoint:  # push, off the training thread; one warning (mfotel.otlp)
+        if self.cfg.otlp.endpoint:  # push, off the training thread; one warning (mfotel.cluster.otlp)
+            from .cluster.otlp import OtlpPush
             self._otlp = self._otlp or OtlpPush(self.cfg.otlp, lambda: self.on_error("otlp"))
             readers.append(self._otlp.reader(cardinality_limits=limits))
         return readers

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mfotel.stack import free_port
+from mfotel.demo.stack import free_port
 
 
 def scrape(url: str) -> str:

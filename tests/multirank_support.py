@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conftest import samples, scrape
-from mfotel.stack import free_port
+from mfotel.demo.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "multirank" / "train_dp.py"

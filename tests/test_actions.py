@@ -18,12 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mfotel.actions import ActionEngine, Plateau
-from mfotel.alerts_receiver import AlertsReceiver, ReceivedAlert
+from mfotel.actions.engine import ActionEngine, Plateau
+from mfotel.alerting.receiver import AlertsReceiver, ReceivedAlert
 from mfotel.config import ConfigError, PlateauRule, parse_config
-from mfotel.control import (CONTROL_FILE, SCHEDULE_FILE, AlertControl, FileWatch, Request,
+from mfotel.actions.control import (CONTROL_FILE, SCHEDULE_FILE, AlertControl, FileWatch, Request,
                             job_dir_for, main, new_request, write_request)
-from mfotel.stack import free_port
+from mfotel.demo.stack import free_port
 
 
 def actions_cfg(**actions):
@@ -113,7 +113,7 @@ def test_cli_errors(tmp_path, capsys):
 
 
 def test_cli_as_a_module(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "mfotel.control", str(tmp_path), "--stop"],
+    done = subprocess.run([sys.executable, "-m", "mfotel.actions.control", str(tmp_path), "--stop"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / CONTROL_FILE).read_text())["action"] == "stop"
@@ -305,7 +305,7 @@ def test_receiver_with_control_writes_the_jobs_control_file(tmp_path):
 def test_receiver_command_line_control_option(tmp_path):
     (tmp_path / "llama").mkdir()
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mfotel.alerts_receiver", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "mfotel.alerting.receiver", "--port", str(port),
                              "--control-dir", str(tmp_path), "--control-action", "scale_lr",
                              "--control-factor", "0.5"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -328,7 +328,7 @@ def test_receiver_command_line_control_option(tmp_path):
 
 
 def test_receiver_rejects_a_bad_control_factor():
-    done = subprocess.run([sys.executable, "-m", "mfotel.alerts_receiver", "--port", "0",
+    done = subprocess.run([sys.executable, "-m", "mfotel.alerting.receiver", "--port", "0",
                            "--control-dir", "/tmp", "--control-action", "scale_lr"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "positive factor" in done.stderr

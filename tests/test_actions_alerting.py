@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from mfotel.alerting_demo import AlertingStack
-from mfotel.control import SCHEDULE_FILE, AlertControl
-from mfotel.stack import free_port
+from mfotel.demo.alerting import AlertingStack
+from mfotel.actions.control import SCHEDULE_FILE, AlertControl
+from mfotel.demo.stack import free_port
 
 pytestmark = pytest.mark.slow
 JOB, NAN_AT, STEPS, STEP_SECONDS = "actions-alert", 15, 400, 0.1
@@ -33,7 +33,7 @@ def step_times(sink: dict[int, float]) -> Any:
 
 def test_nan_page_stops_the_run_through_the_control_file(tmp_path: Path, monkeypatch,
                                                          record_property) -> None:
-    from mfotel.demo import run_demo
+    from mfotel.demo.training import run_demo
     monkeypatch.chdir(tmp_path)
     port = free_port()
     stack = AlertingStack([f"127.0.0.1:{port}"], out=None, workdir=tmp_path / "stack")

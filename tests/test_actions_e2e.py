@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import step_scraper, value
-from mfotel import control
-from mfotel.demo import run_demo
+from mfotel.actions import control
+from mfotel.demo.training import run_demo
 
 pytestmark = pytest.mark.slow
 J = {"job_name": "mfotel-demo", "rank": "0"}

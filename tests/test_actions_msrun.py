@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mfotel.control import SCHEDULE_FILE
-from mfotel.stack import free_port
+from mfotel.actions.control import SCHEDULE_FILE
+from mfotel.demo.stack import free_port
 
 pytestmark = pytest.mark.slow
 STEPS, TRIGGER_AFTER = 400, 8
@@ -34,7 +34,7 @@ WORKER = textwrap.dedent('''
     init()  # the msrun scheduler process runs everything above this line too
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     from mfotel import OTelMonitor
-    from mfotel.demo import SyntheticRegression, build_model
+    from mfotel.demo.training import SyntheticRegression, build_model
 
     class Slow(Callback):
         def on_train_step_end(self, run_context):
@@ -86,7 +86,7 @@ def test_two_ranks_stop_at_the_same_step(tmp_path):
             assert time.monotonic() < deadline, f"rank 0 never reached a step: {logs(tmp_path)}"
             time.sleep(0.2)
         job_dir = tmp_path / "ctl" / "msrun-actions"
-        done = subprocess.run([sys.executable, "-m", "mfotel.control", str(job_dir), "--stop",
+        done = subprocess.run([sys.executable, "-m", "mfotel.actions.control", str(job_dir), "--stop",
                                "--reason", "msrun test"], capture_output=True, text=True,
                               timeout=60, env=env)
         assert done.returncode == 0, done.stderr

@@ -13,9 +13,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from mfotel import rules
-from mfotel.alerting_demo import AlertingStack, duration_seconds, step_clock
-from mfotel.stack import free_port
+from mfotel.alerting import rules
+from mfotel.demo.alerting import AlertingStack, duration_seconds, step_clock
+from mfotel.demo.stack import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def stack(ports: dict[str, int], tmp_path_factory: pytest.TempPathFactory
 
 def train(job_name: str, port: int, steps: int, nan_at_step: int | None = None,
           clock: dict[int, float] | None = None) -> None:
-    from mfotel.demo import run_demo
+    from mfotel.demo.training import run_demo
     extra = (step_clock(nan_at_step, clock),) if nan_at_step and clock is not None else ()
     # linger: keep /metrics up for a few scrapes after the end, so status 2 is seen
     run_demo(steps=steps, port=port, nan_at_step=nan_at_step, job_name=job_name,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mfotel.alerts_receiver import AlertsReceiver, ReceivedAlert, parse_notification
+from mfotel.alerting.receiver import AlertsReceiver, ReceivedAlert, parse_notification
 
 RUNBOOK = "https://github.com/mfotel/mfotel/blob/main/prometheus/runbook.md"
 
@@ -132,10 +132,10 @@ def test_lines_without_severity_or_rank_stay_readable() -> None:
 
 
 def test_command_line_receiver_prints_alerts(tmp_path: Path) -> None:
-    from mfotel.stack import free_port
+    from mfotel.demo.stack import free_port
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "mfotel.alerts_receiver", "--port", str(port)],
+        [sys.executable, "-m", "mfotel.alerting.receiver", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=Path(__file__).resolve().parent.parent)
     try:

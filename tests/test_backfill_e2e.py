@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mfotel.backfill import find_promtool
-from mfotel.logs_cli import main as logs_main
-from mfotel.stack import PROMETHEUS_BINARIES, Prometheus, find_binary
+from mfotel.logs.backfill import find_promtool
+from mfotel.logs.cli import main as logs_main
+from mfotel.demo.stack import PROMETHEUS_BINARIES, Prometheus, find_binary
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import samples, scrape, step_scraper, value
-from mfotel.demo import SyntheticRegression, run_demo
+from mfotel.demo.training import SyntheticRegression, run_demo
 
 pytestmark = pytest.mark.slow
 BATCH = 8

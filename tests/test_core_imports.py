@@ -11,8 +11,8 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in ("mindspore", "mindformers"):
             raise ImportError(f"{name} is blocked for this test")
 sys.meta_path.insert(0, Block())
-import mfotel, mfotel.cli, mfotel.config, mfotel.telemetry, mfotel.instruments, mfotel.logs
-import mfotel.rules, mfotel.actions, mfotel.control, mfotel.discovery, mfotel.alerts_receiver
+import mfotel, mfotel.cli, mfotel.config, mfotel.telemetry, mfotel.instruments, mfotel.logs.parse
+import mfotel.alerting.rules, mfotel.actions.engine, mfotel.actions.control, mfotel.cluster.discovery, mfotel.alerting.receiver
 cfg = mfotel.parse_config({"step_interval": 5})
 assert cfg.step_interval == 5
 try:
@@ -30,3 +30,21 @@ def test_core_imports_without_mindspore():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "ok"
     assert "callback needs mindspore: mindspore" in done.stdout
+
+
+CORE = ("config", "contract", "extract", "instruments", "telemetry", "exposition", "sinks",
+        "identity", "webconfig", "cells", "callback")
+OPTIONAL = ("cluster", "alerting", "actions", "logs", "integrations", "demo", "dashboards")
+
+
+def test_core_never_imports_the_optional_parts():
+    """Imports run one way: the optional subpackages are loaded only when configured."""
+    code = ("import sys\n"
+            + "".join(f"import mfotel.{name}\n" for name in CORE)
+            + "loaded = sorted({m.split('.')[1] for m in sys.modules if m.startswith('mfotel.')})\n"
+            + "print(' '.join(loaded))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert set(CORE) <= loaded
+    assert not loaded & set(OPTIONAL), f"core imported optional parts: {loaded & set(OPTIONAL)}"

@@ -356,7 +356,7 @@ def _api(base_url: str, path: str, params: dict[str, str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def empty_prometheus():
-    from mfotel.stack import Prometheus, find_binary
+    from mfotel.demo.stack import Prometheus, find_binary
     assert find_binary(("prometheus",)), "no prometheus binary: apt-get install prometheus"
     with Prometheus("global:\n  scrape_interval: 15s\n") as prom:
         yield prom
@@ -525,7 +525,7 @@ def _cli_parse(argv: list[str]):
             raise
     import argparse
 
-    from mfotel.alerts_receiver import add_arguments
+    from mfotel.alerting.receiver import add_arguments
     return add_arguments(argparse.ArgumentParser()).parse_args(argv[1:])
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from mfotel.dashboards.queries import ALL, PanelQuery, dashboard_queries, substitute
-from mfotel.stack import Prometheus, find_binary, free_port
+from mfotel.demo.stack import Prometheus, find_binary, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ EXPECTED_EMPTY: dict[tuple[str, str], str] = {
     ("mfotel-cluster-health", "Device of the slowest rank: utilisation"): _DEVICE_EXPORTER,
 }
 
-_DEMO = "import json, sys; from mfotel.demo import run_demo; run_demo(**json.loads(sys.argv[1]))"
+_DEMO = "import json, sys; from mfotel.demo.training import run_demo; run_demo(**json.loads(sys.argv[1]))"
 
 
 def _queries() -> list[PanelQuery]:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mfotel.config import ConfigError, parse_config
-from mfotel.discovery import (FileSdWriter, advertised_host, check_port_collision, main,
+from mfotel.cluster.discovery import (FileSdWriter, advertised_host, check_port_collision, main,
                               parse_hostfile, probe_owner, rank_targets, target_groups,
                               write_target_file)
 from mfotel.identity import RankIdentity
@@ -210,7 +210,7 @@ def test_a_foreign_server_is_not_a_collision(port):
 
 def test_targets_subcommand_hook_registers_on_a_cli(capsys):
     import argparse
-    from mfotel.discovery import add_targets_command
+    from mfotel.cluster.discovery import add_targets_command
     parser = argparse.ArgumentParser(prog="mfotel")
     add_targets_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["targets", "--hosts", "n1", "--ranks-per-node", "1"])

@@ -13,7 +13,7 @@ import pytest
 from mfotel.config import ConfigError, parse_config
 from mfotel.identity import RankIdentity
 from mfotel.instruments import Instruments
-from mfotel.stack import Prometheus
+from mfotel.demo.stack import Prometheus
 from mfotel.telemetry import Telemetry
 from mfotel.webconfig import load_web_config
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from mfotel.alerting_demo import AlertingStack
-from mfotel.demo import run_demo
-from mfotel.fastpage import loss_alert
-from mfotel.stack import free_port, http_get_json
+from mfotel.demo.alerting import AlertingStack
+from mfotel.demo.training import run_demo
+from mfotel.alerting.fastpage import loss_alert
+from mfotel.demo.stack import free_port, http_get_json
 
 pytestmark = pytest.mark.slow
 ALERT = "MindFormersLossNotFinite"

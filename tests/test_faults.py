@@ -18,10 +18,10 @@ import pytest
 
 from conftest import samples, scrape, value
 from mfotel.config import parse_config
-from mfotel.demo import run_demo
+from mfotel.demo.training import run_demo
 from mfotel.identity import RankIdentity
 from mfotel.instruments import Instruments
-from mfotel.logs import ParseReport, parse_file
+from mfotel.logs.parse import ParseReport, parse_file
 from mfotel.telemetry import Telemetry
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def test_unwritable_output_mid_run_is_counted_and_warned_once(port, in_tmp, capl
 
 DISK_FULL = textwrap.dedent("""
     import json, resource, signal, sys
-    from mfotel.demo import run_demo
+    from mfotel.demo.training import run_demo
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # EFBIG instead of being killed
     resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))  # files of at most 1 KiB: "disk full"
     result = run_demo(steps=int(sys.argv[1]), port=0, metrics=["loss", "learning_rate"],
@@ -93,7 +93,7 @@ def test_disk_full_on_the_file_sink(in_tmp):
 
 KILLED = textwrap.dedent("""
     import sys
-    from mfotel.demo import run_demo
+    from mfotel.demo.training import run_demo
     run_demo(steps=100000, port=0, metrics=["loss", "learning_rate", "grad_norm"],
              linger_seconds=0, min_step_seconds=0.002, output={"console": False, "file": True,
              "file_path": sys.argv[1], "format": sys.argv[2]})

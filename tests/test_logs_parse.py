@@ -1,4 +1,4 @@
-"""mfotel.logs: real captured monitor lines parse to the right rows; malformed ones are reported
+"""mfotel.logs.parse: real captured monitor lines parse to the right rows; malformed ones are reported
 with their line numbers; other log lines are ignored; files are streamed."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfotel import sinks
-from mfotel.logs import (ParseReport, Row, discover, discover_runs, iter_rows, parse_file,
+from mfotel.logs.parse import (ParseReport, Row, discover, discover_runs, iter_rows, parse_file,
                          parse_lines, rank_from_path, run_name)
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from mfotel import contract
-from mfotel.backfill import BackfillError, write_openmetrics
-from mfotel.export import COLUMNS, write_csv
-from mfotel.logs import ParseReport, discover_runs, iter_rows
-from mfotel.logs_cli import main as logs_main
-from mfotel.summary import summarize
+from mfotel.logs.backfill import BackfillError, write_openmetrics
+from mfotel.logs.export import COLUMNS, write_csv
+from mfotel.logs.parse import ParseReport, discover_runs, iter_rows
+from mfotel.logs.cli import main as logs_main
+from mfotel.logs.summary import summarize
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 DEMO_TEXT = LOGS / "demo-text"
@@ -53,7 +53,7 @@ def lines_by_gid(figure) -> dict[str, object]:
 # --- plot ------------------------------------------------------------------------------------
 
 def test_plot_of_two_runs_draws_exactly_the_logged_values(tmp_path: Path) -> None:
-    from mfotel import plot
+    from mfotel.logs import plot
     series = plot.collect(iter_rows(discover_runs([DEMO_TEXT, DEMO_JSON])))
     figure = plot.build_figure(series)
     out = plot.save(figure, tmp_path / "curves.png")
@@ -88,7 +88,7 @@ def test_plot_cli_writes_svg_by_extension_with_smoothing_and_log_scale(tmp_path:
 
 
 def test_ema_skips_nonfinite_values() -> None:
-    from mfotel.plot import ema
+    from mfotel.logs.plot import ema
     smoothed = ema([1.0, 3.0, math.nan, 5.0], 0.5)
     assert smoothed[:2] == [1.0, 2.0] and math.isnan(smoothed[2]) and smoothed[3] == 3.5
 
@@ -277,7 +277,7 @@ def test_progress_callback_sees_every_byte_of_the_files() -> None:
 
 
 def test_progress_bar_only_on_a_tty_and_not_when_quiet(monkeypatch) -> None:
-    from mfotel import logs_cli
+    from mfotel.logs import cli as logs_cli
     runs = discover_runs([DEMO_TEXT])
 
     class FakeTTY(io.StringIO):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mfotel.mindformers_check import check_mindformers_yaml
+from mfotel.integrations.mindformers_check import check_mindformers_yaml
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mindformers" / "tiny_llama_cpu.yaml"
 

@@ -58,7 +58,7 @@ def run(tmp_path_factory):
     """Train once; scrape /metrics every 50 ms until the run reports completed."""
     # not imported here (it writes ./output); a test dependency: fail, never skip
     assert importlib.util.find_spec("mindformers"), 'pip install -e ".[mindformers]"'
-    from mfotel.stack import free_port
+    from mfotel.demo.stack import free_port
     tmp_path = tmp_path_factory.mktemp("mindformers-e2e")
     port = free_port()
     config = issue_yaml(tmp_path, port)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mfotel import instrument
+from mfotel.integrations import instrument
 
 PYTHON = sys.executable
-INSTRUMENT = [PYTHON, "-m", "mfotel.instrument"]
+INSTRUMENT = [PYTHON, "-m", "mfotel.integrations.instrument"]
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_missing_command_is_a_clear_error(env, tmp_path):
 
 def test_a_process_that_never_imports_mindformers_pays_nothing(env, tmp_path):
     code = ("import sys; print(sorted(m for m in sys.modules "
-            "if m.startswith(('mindformers', 'mfotel.mindformers', 'mindspore'))))")
+            "if m.startswith(('mindformers', 'mfotel.integrations.mindformers', 'mindspore'))))")
     result = run([*INSTRUMENT, PYTHON, "-c", code], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

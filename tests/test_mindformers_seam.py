@@ -1,4 +1,4 @@
-"""The seam between mfotel and mindformers: what mfotel.mindformers relies on still exists.
+"""The seam between mfotel and mindformers: what mfotel.integrations.mindformers relies on still exists.
 
 These tests fail loudly when a mindformers (or MindSpore) version renames or reshapes something
 the bridge taps (docs/mindformers.md, "The seam"). They import mindformers (~5 s) but train nothing.
@@ -15,7 +15,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def mf(tmp_path_factory):
-    """mindformers + mfotel.mindformers, logging to a temporary directory, not ./output."""
+    """mindformers + mfotel.integrations.mindformers, logging to a temporary directory, not ./output."""
     saved = os.environ.get("LOG_MF_PATH")
     os.environ["LOG_MF_PATH"] = str(tmp_path_factory.mktemp("mindformers-log"))
     import mindformers  # noqa: F401 - a test dependency: fail, never skip
@@ -23,7 +23,7 @@ def mf(tmp_path_factory):
     from mindformers.core.callback.build_callback import build_callback
     from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
     from mindformers.wrapper.wrapper import MFTrainOneStepCell
-    import mfotel.mindformers as bridge
+    import mfotel.integrations.mindformers as bridge
     yield SimpleNamespace(cb=mf_callback, build_callback=build_callback, Register=MindFormerRegister,
                           Type=MindFormerModuleType, MFTrainOneStepCell=MFTrainOneStepCell,
                           bridge=bridge)

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import samples, scrape, step_scraper, value
 from mfotel.config import ConfigError, parse_config
-from mfotel.demo import SyntheticRegression, build_model, run_demo
+from mfotel.demo.training import SyntheticRegression, build_model, run_demo
 from mfotel.identity import RankIdentity
 from mfotel.instruments import Instruments
 from mfotel.telemetry import Telemetry

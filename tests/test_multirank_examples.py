@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mfotel import rules
+from mfotel.alerting import rules
 from mfotel.contract import CONTRACT
-from mfotel.discovery import target_groups
-from mfotel.stack import find_binary
+from mfotel.cluster.discovery import target_groups
+from mfotel.demo.stack import find_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM = ROOT / "examples" / "prometheus"
@@ -67,7 +67,7 @@ def test_multirank_rules_are_shipped_and_documented():
 def test_example_target_file_is_what_mfotel_targets_writes():
     checked_in = yaml.safe_load((PROM / "targets" / "llama7b-sft.json").read_text())
     assert checked_in == target_groups(["node-1", "node-2"], 8, 9464, {"cluster": "a"})
-    cli = subprocess.run([sys.executable, "-m", "mfotel.discovery", "--hosts", "node-1,node-2",
+    cli = subprocess.run([sys.executable, "-m", "mfotel.cluster.discovery", "--hosts", "node-1,node-2",
                           "--ranks-per-node", "8", "--port", "9464", "--label", "cluster=a"],
                          capture_output=True, text=True, timeout=60)
     assert yaml.safe_load(cli.stdout) == checked_in

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from conftest import value
-from mfotel.otlp_receiver import OtlpReceiver, points
-from mfotel.rules import write_rules
-from mfotel.stack import Prometheus, free_port
+from otlp_receiver import OtlpReceiver, points
+from mfotel.alerting.rules import write_rules
+from mfotel.demo.stack import Prometheus, free_port
 from multirank_support import (EndpointPoller, child_env, free_port_block, msrun_command,
                                prometheus_config, read_json, start, stop, value_of, wait_until)
 

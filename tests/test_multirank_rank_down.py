@@ -5,7 +5,7 @@ msrun tears the whole job down as soon as one worker dies (measured: the other r
 within a second), so here the two ranks are independent training processes of
 examples/multirank/train_dp.py (RANK_ID 0 and 1 of a 2-rank job, no collective): one can die
 while the other keeps training. Prometheus finds them through a file_sd file written by
-`python -m mfotel.discovery` (`mfotel targets`), as a launcher would.
+`python -m mfotel.cluster.discovery` (`mfotel targets`), as a launcher would.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from mfotel.rules import RulesConfig, write_rules
-from mfotel.stack import Prometheus
+from mfotel.alerting.rules import RulesConfig, write_rules
+from mfotel.demo.stack import Prometheus
 from multirank_support import (EXAMPLE, child_env, free_port_block, prometheus_config, start,
                                stop, wait_until)
 
@@ -29,7 +29,7 @@ JOB = "mfotel-rank-down"
 def test_killed_rank_fires_rank_down_for_that_rank_only(tmp_path):
     base = free_port_block(2)
     targets = tmp_path / "targets" / "job.json"
-    cli = subprocess.run([sys.executable, "-m", "mfotel.discovery", "--hosts", "127.0.0.1",
+    cli = subprocess.run([sys.executable, "-m", "mfotel.cluster.discovery", "--hosts", "127.0.0.1",
                           "--ranks-per-node", "2", "--port", str(base), "--label", "cluster=ci",
                           "--out", str(targets)], capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr

@@ -1,4 +1,4 @@
-"""OTLP/HTTP push to a real in-test receiver (mfotel.otlp_receiver; no collector binary runs here).
+"""OTLP/HTTP push to a real in-test receiver (otlp_receiver; no collector binary runs here).
 
 The receiver decodes the exporter's protobuf with opentelemetry-proto. The tests check that the
 payload carries the names, values and attributes the Prometheus endpoint shows, that a collector
@@ -17,8 +17,8 @@ from mfotel.config import parse_config
 from mfotel.contract import CONTRACT
 from mfotel.identity import RankIdentity
 from mfotel.instruments import Instruments
-from mfotel.otlp_receiver import OtlpReceiver, Point, points
-from mfotel.stack import free_port
+from otlp_receiver import OtlpReceiver, Point, points
+from mfotel.demo.stack import free_port
 from mfotel.telemetry import Telemetry
 from multirank_support import EndpointPoller
 
@@ -59,7 +59,7 @@ def _sample_for(point: Point) -> tuple[str, ...]:
 
 @pytest.mark.slow
 def test_training_pushes_the_values_and_labels_it_serves(port, in_tmp):
-    from mfotel.demo import run_demo
+    from mfotel.demo.training import run_demo
     with OtlpReceiver() as receiver, \
             EndpointPoller({"r0": f"http://127.0.0.1:{port}/metrics"}) as poller:
         result = run_demo(steps=12, port=port, job_name=JOB, linger_seconds=30,
@@ -101,7 +101,7 @@ def _wait_in_training(at_step: int, condition: Any, what: str) -> Any:
 
 @pytest.mark.slow
 def test_collector_down_counts_errors_and_warns_once(port, in_tmp, caplog):
-    from mfotel.demo import run_demo
+    from mfotel.demo.training import run_demo
     url = f"http://127.0.0.1:{port}/metrics"
     errors = lambda: value(samples(scrape(url)), "mfotel_export_errors_total",  # noqa: E731
                            stage="otlp") >= 2
@@ -121,7 +121,7 @@ def test_collector_down_counts_errors_and_warns_once(port, in_tmp, caplog):
 @pytest.mark.slow
 def test_hung_collector_does_not_hold_training(port, in_tmp):
     from mindspore.train import Callback
-    from mfotel.demo import run_demo
+    from mfotel.demo.training import run_demo
     at_last_step: list[tuple[int, int]] = []
 
     class LastStep(Callback):

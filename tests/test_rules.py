@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mfotel import rules
+from mfotel.alerting import rules
 from mfotel.contract import COMMON_LABELS, CONTRACT
-from mfotel.stack import find_binary
+from mfotel.demo.stack import find_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_DIR = ROOT / "prometheus" / "rules"
@@ -109,7 +109,7 @@ def test_checked_in_rule_files_are_what_the_generator_writes() -> None:
     generated = rules.render_rules()
     for name, text in generated.items():
         assert (RULES_DIR / name).read_text() == text, (
-            f"prometheus/rules/{name} is stale: run `python -m mfotel.rules`")
+            f"prometheus/rules/{name} is stale: run `python -m mfotel.alerting.rules`")
     assert rules.stale_rule_files(RULES_DIR) == []
 
 
@@ -118,7 +118,7 @@ def test_rules_check_command_reports_stale_files(tmp_path: Path) -> None:
     assert rules.main(["--out-dir", str(tmp_path), "--check"]) == 0
     (tmp_path / rules.ALERTS_FILE).write_text("groups: []\n")
     assert rules.main(["--out-dir", str(tmp_path), "--check"]) == 1
-    cli = subprocess.run([sys.executable, "-m", "mfotel.rules", "--out-dir", str(RULES_DIR),
+    cli = subprocess.run([sys.executable, "-m", "mfotel.alerting.rules", "--out-dir", str(RULES_DIR),
                           "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
 

@@ -12,9 +12,9 @@ callbacks):
         auto_register: mfotel_register.OTelMonitor
 
 mindformers copies this file into its dynamic-module cache and imports it; importing
-mfotel.mindformers registers OTelMonitor and CPUTrainOneStepCell. `mfotel-instrument` needs
+mfotel.integrations.mindformers registers OTelMonitor and CPUTrainOneStepCell. `mfotel-instrument` needs
 none of this.
 """
-from mfotel.mindformers import CPUTrainOneStepCell, MindFormersOTelMonitor as OTelMonitor
+from mfotel.integrations.mindformers import CPUTrainOneStepCell, MindFormersOTelMonitor as OTelMonitor
 
 __all__ = ["CPUTrainOneStepCell", "OTelMonitor"]

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     from mfotel import OTelMonitor
-    from mfotel.demo import SyntheticRegression, build_model
+    from mfotel.demo.training import SyntheticRegression, build_model
     from mfotel.identity import identity_from_env
 
     if "MS_ROLE" in os.environ:  # launched by msrun

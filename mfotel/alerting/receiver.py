@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
-from .control import AlertControl, add_alert_control_arguments, alert_control_from_args
+from ..actions.control import AlertControl, add_alert_control_arguments, alert_control_from_args
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9095
@@ -96,7 +96,7 @@ class AlertsReceiver:
                  jsonl_path: str | Path | None = None, out: TextIO | None = sys.stdout,
                  verbose: bool = False, control: AlertControl | None = None) -> None:
         self.host, self.requested_port = host, port
-        self.control = control  # mfotel.control: allow-listed alerts -> control file; None = off
+        self.control = control  # mfotel.actions.control: allow-listed alerts -> control file; None = off
         self.jsonl_path = Path(jsonl_path) if jsonl_path else None
         self.out, self.verbose = out, verbose
         self.alerts: list[ReceivedAlert] = []

@@ -1,7 +1,7 @@
 """`mfotel demo --with-alerting`: the shipped Prometheus and Alertmanager configs on loopback,
 a NaN injected into a real MindSpore run, and the page arriving at the webhook receiver.
 
-    from mfotel.alerting_demo import run_alerting_demo
+    from mfotel.demo.alerting import run_alerting_demo
     run_alerting_demo(steps=60, nan_at_step=20)
 
 `AlertingStack` is the reusable part (tests use it): it starts the alerts receiver, Alertmanager
@@ -24,12 +24,12 @@ from typing import Any, Sequence, TextIO
 
 import yaml
 
-from . import rules as rules_module
-from .alerts_receiver import AlertsReceiver, ReceivedAlert
+from ..alerting import rules as rules_module
+from ..alerting.receiver import AlertsReceiver, ReceivedAlert
 from .stack import (ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, Alertmanager, Prometheus,
                     find_binary, free_port)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = REPO_ROOT / "prometheus"
 ALERTMANAGER_DIR = REPO_ROOT / "alertmanager"
 SHIPPED_SCRAPE_SECONDS = 15.0
@@ -221,7 +221,7 @@ def run_alerting_demo(steps: int = 80, nan_at_step: int = 20, port: int | None =
     Raises RuntimeError when prometheus/prometheus-alertmanager are not installed, and
     TimeoutError when no page arrives within `timeout` seconds of the end of training.
     """
-    from .demo import run_demo
+    from .training import run_demo
     port = port or free_port()
     result = AlertingDemoResult()
     clock: dict[int, float] = {}
@@ -253,7 +253,7 @@ def run_alerting_demo(steps: int = 80, nan_at_step: int = 20, port: int | None =
 
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m mfotel.alerting_demo",
+    parser = argparse.ArgumentParser(prog="python -m mfotel.demo.alerting",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--nan-at-step", type=int, default=20)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Collection, Iterable
 
-from .logs import Row
+from .parse import Row
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
-from .contract import CONTRACT, STEP_TIME_BUCKETS, MetricSpec, spec
-from .logs import Row
+from ..contract import CONTRACT, STEP_TIME_BUCKETS, MetricSpec, spec
+from .parse import Row
 
 # Contract keys written from a row, in output order (the contract's order).
 _ROW_GAUGES = {"loss": "loss", "learning_rate": "learning_rate", "grad_norm": "grad_norm",
@@ -241,7 +241,7 @@ def write_openmetrics(rows: Iterable[Row], path: Path, job_names: Mapping[str, s
 
 
 def find_promtool() -> str | None:
-    from .stack import find_binary
+    from ..demo.stack import find_binary
     return find_binary(("promtool",))
 
 

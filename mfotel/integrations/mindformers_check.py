@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import KNOWN_KEYS, ConfigError, _did_you_mean, parse_config, read_yaml
+from ..config import KNOWN_KEYS, ConfigError, _did_you_mean, parse_config, read_yaml
 
 #: mindformers 1.9 `MonitorConfig` keys (tools/register/template.py), used without mindformers.
 NATIVE_MONITOR_KEYS: tuple[str, ...] = (
@@ -163,7 +163,7 @@ def _check_cpu(source: str, document: Mapping[str, Any]) -> list[str]:
     if wrapper.get("type") in ("MFTrainOneStepCell", "MFPipelineWithLossScaleCell"):
         problems.append(f"{source}: runner_wrapper.type: {wrapper['type']} checks overflow with "
                         f"NPUGetFloatStatusV2, which has no CPU kernel. "
-                        f"Fix: type: CPUTrainOneStepCell (registered by mfotel.mindformers)")
+                        f"Fix: type: CPUTrainOneStepCell (registered by mfotel.integrations.mindformers)")
     model_config = (document.get("model") or {}).get("model_config") or {}
     if isinstance(model_config, Mapping) and "llama" in str(model_config.get("type", "")).lower() \
             and not model_config.get("use_rope_slice"):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .logs import ParseReport, Progress, Row, Run, is_finite, is_nonfinite, parse_file
+from .parse import ParseReport, Progress, Row, Run, is_finite, is_nonfinite, parse_file
 
 
 @dataclass

@@ -26,8 +26,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .config import ConfigError, MonitorConfig
-from .identity import RankIdentity
+from ..config import ConfigError, MonitorConfig
+from ..identity import RankIdentity
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 _HOSTFILE_LINE = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<colon>\d+))?"
@@ -297,7 +297,7 @@ def add_targets_command(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = add_targets_arguments(argparse.ArgumentParser(
-        prog="python -m mfotel.discovery", description=__doc__.splitlines()[0]))
+        prog="python -m mfotel.cluster.discovery", description=__doc__.splitlines()[0]))
     return run_targets_command(parser.parse_args(argv))
 
 

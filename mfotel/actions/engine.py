@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config import ActionsConfig, ConfigError, PlateauRule
+from ..config import ActionsConfig, ConfigError, PlateauRule
 from .control import (CONTROL_FILE, SCHEDULE_FILE, FileWatch, Request, new_request,
                       parse_schedule, write_schedule)
 

@@ -10,7 +10,7 @@ creates it at train begin. Two files, each with one writer, each replaced atomic
   control.json   the latest request ({id, action, factor, source, reason, created}), written by
                  `mfotel control` or by the alerts receiver (`AlertControl`)
   schedule.json  written by rank 0 only: every request it accepted, with the global step at
-                 which every rank applies it (mfotel.actions)
+                 which every rank applies it (mfotel.actions.engine)
 
 No MindSpore import here: the CLI and the alerts receiver run anywhere.
 """

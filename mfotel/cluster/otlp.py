@@ -19,7 +19,7 @@ from typing import Any, Callable
 from opentelemetry.sdk.metrics.export import (MetricExporter, MetricExportResult,
                                               PeriodicExportingMetricReader)
 
-from .config import OtlpConfig
+from ..config import OtlpConfig
 
 log = logging.getLogger("mfotel")
 #: Loggers of the OTLP exporter that log every failed export (and every retry).

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .logs import ParseReport, Progress, Run, discover_runs, iter_rows
+from .parse import ParseReport, Progress, Run, discover_runs, iter_rows
 
 EXIT_OK, EXIT_ERROR = 0, 1
 
@@ -285,7 +285,7 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m mfotel.logs_cli plot ...`) until mfotel.cli wires it."""
+    """Standalone entry (`python -m mfotel.logs.cli plot ...`) until mfotel.cli wires it."""
     parser = argparse.ArgumentParser(prog="mfotel")
     add_log_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

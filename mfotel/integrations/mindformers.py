@@ -9,7 +9,7 @@ registry (idempotent, as mindformers' own decorators do):
   `callbacks: [{type: MFLossMonitor}, {type: OTelMonitor, step_interval: 10, ...}]`;
 - `CPUTrainOneStepCell` (wrapper type): MFTrainOneStepCell with an overflow check that runs on CPU.
 
-    import mfotel.mindformers   # or launch with `mfotel-instrument python train.py ...`
+    import mfotel.integrations.mindformers   # or launch with `mfotel-instrument python train.py ...`
 
 The native-metric seam (pinned by tests/test_mindformers_seam.py). At train begin the callback
 finds its sibling callbacks in `cb_params.list_callback` and taps, on those instances only:
@@ -43,9 +43,9 @@ from mindformers.core.callback.callback import MFLossMonitor, TrainingStateMonit
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, get_real_models
 
-from .callback import OTelMonitor
-from .config import ConfigError
-from .extract import StepOutputs, cb_param, parse_net_outputs, to_float
+from ..callback import OTelMonitor
+from ..config import ConfigError
+from ..extract import StepOutputs, cb_param, parse_net_outputs, to_float
 
 log = logging.getLogger("mfotel")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 from typing import IO, Iterable
 
-from .logs import Row
+from .parse import Row
 
 COLUMNS: tuple[str, ...] = ("run", "rank", "step", "epoch", "time", "loss", "learning_rate",
                             "grad_norm", "throughput", "step_time", "loss_scale")

@@ -7,7 +7,7 @@ In the style of `opentelemetry-instrument`: a directory holding a `sitecustomize
 on PYTHONPATH and the command replaces this process (execvp). Every Python process the command
 starts (msrun's workers included, they inherit the environment) runs that sitecustomize at
 start-up. It costs next to nothing there (it imports nothing, it installs an import hook); when
-the process imports mindformers, the hook imports `mfotel.mindformers` right after, which
+the process imports mindformers, the hook imports `mfotel.integrations.mindformers` right after, which
 registers `OTelMonitor` and `CPUTrainOneStepCell` before any Trainer can build its callbacks.
 A `sitecustomize` that was already on the path (Debian ships one) still runs: ours chains to it.
 
@@ -48,7 +48,7 @@ import sys as _sys
 
 
 class _MfotelPostImportHook(_abc.MetaPathFinder):
-    """Imports mfotel.mindformers right after mindformers finished importing (one shot)."""
+    """Imports mfotel.integrations.mindformers right after mindformers finished importing (one shot)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "mindformers":
@@ -62,7 +62,7 @@ class _MfotelPostImportHook(_abc.MetaPathFinder):
         def exec_then_register(module):
             exec_module(module)
             try:
-                import mfotel.mindformers  # noqa: F401  registers OTelMonitor, CPUTrainOneStepCell
+                import mfotel.integrations.mindformers  # noqa: F401  registers OTelMonitor, CPUTrainOneStepCell
             except Exception as exc:  # never break the user's import
                 _sys.stderr.write("mfotel-instrument: registering mfotel in mindformers failed "
                                   f"({type(exc).__name__}: {exc})\\n")
@@ -86,7 +86,7 @@ def _mfotel_chain_sitecustomize():
 
 
 if "mindformers" in _sys.modules:
-    import mfotel.mindformers  # noqa: F401
+    import mfotel.integrations.mindformers  # noqa: F401
 elif not any(type(f).__name__ == "_MfotelPostImportHook" for f in _sys.meta_path):
     _sys.meta_path.insert(0, _MfotelPostImportHook())
 _mfotel_chain_sitecustomize()

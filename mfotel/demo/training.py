@@ -73,7 +73,7 @@ def build_model(steps: int, batch_size: int, lr_schedule: str, features: int = 1
     import mindspore as ms
     from mindspore import nn
     from mindspore.train import Model
-    from .cells import TrainOneStepWithGradNorm
+    from ..cells import TrainOneStepWithGradNorm
     ms.set_seed(0)
     net = nn.SequentialCell([nn.Dense(features, 32), nn.ReLU(), nn.Dense(32, 1)])
     optimizer = nn.Momentum(net.trainable_params(), learning_rate(lr_schedule, steps), momentum=0.9)
@@ -91,7 +91,7 @@ def run_demo(steps: int = 200, step_interval: int = 1, port: int = 9464,
     """
     import mindspore as ms
     import mindspore.dataset as ds
-    from .callback import OTelMonitor
+    from ..callback import OTelMonitor
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     source = SyntheticRegression(steps, batch_size, nan_at_step=nan_at_step)

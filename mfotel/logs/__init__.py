@@ -1,0 +1,1 @@
+"""Tools for monitor log files: parse, summary, CSV export, plots, backfill into Prometheus."""
