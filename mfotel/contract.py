@@ -107,6 +107,18 @@ CONTRACT: tuple[MetricSpec, ...] = (
        "Errors swallowed by mfotel to protect training", labels=("stage",)),
 )
 
+#: prometheus_client's standard process collector of the training process, served beside the
+#: contract with the `job_name` and `rank` labels (not at `cardinality: health`; not pushed
+#: over OTLP): Prometheus family name -> kind. The counter's sample is `_total`.
+PROCESS_SERIES: dict[str, Kind] = {
+    "process_cpu_seconds": "counter",             # user + system CPU time
+    "process_resident_memory_bytes": "gauge",     # RSS
+    "process_virtual_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",        # unix time the process started
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
+}
+
 BY_KEY: dict[str, MetricSpec] = {spec.key: spec for spec in CONTRACT}
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import scrape
+from conftest import samples, scrape, value
 from mfotel.config import parse_config
-from mfotel.contract import CONTRACT, SEED_METRICS, MetricSpec
+from mfotel.contract import CONTRACT, PROCESS_SERIES, SEED_METRICS, MetricSpec
 from mfotel.identity import RankIdentity
 from mfotel.instruments import Instruments
 from mfotel.telemetry import Telemetry
@@ -46,6 +46,15 @@ GOLDEN = {
     "mindformers_train_actions": ("counter", ("action", "job_name", "rank", "source")),
     "mfotel_export_errors": ("counter", ("job_name", "rank", "stage")),
 }
+#: prometheus_client's process collector, beside the contract (not at cardinality health).
+PROCESS_GOLDEN = {
+    "process_cpu_seconds": ("counter", JR),
+    "process_resident_memory_bytes": ("gauge", JR),
+    "process_virtual_memory_bytes": ("gauge", JR),
+    "process_start_time_seconds": ("gauge", JR),
+    "process_open_fds": ("gauge", JR),
+    "process_max_fds": ("gauge", JR),
+}
 
 
 def _record_everything(telemetry: Telemetry, identity: RankIdentity) -> None:
@@ -64,9 +73,9 @@ def _record_everything(telemetry: Telemetry, identity: RankIdentity) -> None:
 IDENTITY = RankIdentity(rank=3, local_rank=0, world_size=4, node="n1", device_id="0")
 
 
-def _full_exposition(port: int) -> str:
+def _full_exposition(port: int, **config: object) -> str:
     cfg = parse_config({"metrics": list(SEED_METRICS), "seq_length": 16,
-                        "prometheus": {"host": "127.0.0.1", "port": port}})
+                        "prometheus": {"host": "127.0.0.1", "port": port}, **config})
     telemetry = Telemetry(cfg, IDENTITY, "golden")
     try:
         _record_everything(telemetry, IDENTITY)
@@ -80,12 +89,39 @@ def test_exposed_names_types_and_label_keys_are_pinned(port):
     families = {f.name: f for f in text_string_to_metric_families(_full_exposition(port))}
     exposed = {name: (f.type, tuple(sorted(set().union(*(s.labels for s in f.samples)) - {"le"})))
                for name, f in families.items() if name != "target_info"}
-    assert exposed == GOLDEN
+    assert exposed == {**GOLDEN, **PROCESS_GOLDEN}
 
 
 def test_contract_table_agrees_with_golden():
     assert {spec.prometheus_name: spec.kind for spec in CONTRACT} == \
         {name: kind for name, (kind, _) in GOLDEN.items()}
+    assert PROCESS_SERIES == {name: kind for name, (kind, _) in PROCESS_GOLDEN.items()}
+
+
+def test_target_info_joins_on_job_name_and_rank_like_every_series(port):
+    body = samples(_full_exposition(port, resource_attributes={"rank": "7", "team": "nlp"}))
+    info = value(body, "target_info", job_name="golden", rank="3")  # rank: not overridable
+    assert info == 1.0
+    assert value(body, "target_info", mfotel_rank="3", service_name="golden", team="nlp") == 1.0
+
+
+def test_process_series_describe_the_training_process(port):
+    import psutil
+    body = samples(_full_exposition(port))
+    me = psutil.Process()
+    labels = {"job_name": "golden", "rank": "3"}
+    rss = value(body, "process_resident_memory_bytes", **labels)
+    assert 0.5 * me.memory_info().rss < rss < 2 * me.memory_info().rss
+    assert abs(value(body, "process_start_time_seconds", **labels) - me.create_time()) < 1.5
+    assert 0 < value(body, "process_cpu_seconds_total", **labels) <= sum(me.cpu_times()[:2]) + 1
+    assert value(body, "process_open_fds", **labels) >= 3
+    assert value(body, "process_max_fds", **labels) > 0
+
+
+def test_cardinality_health_serves_no_process_series(port):
+    body = samples(_full_exposition(port, cardinality="health", metric_ranks=[3]))
+    assert not [name for name, _ in body if name.startswith("process_")]
+    assert value(body, "mindformers_train_loss", job_name="golden", rank="3") == 0.5
 
 
 def test_histogram_buckets_are_seconds_and_scope_labels_are_off(port):
