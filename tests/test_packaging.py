@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tomllib
 import urllib.request
 import venv
 import zipfile
@@ -113,6 +114,20 @@ def test_version_flag_prints_the_package_version(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"mfotel {__version__}"
+
+
+def test_the_compose_image_gets_every_file_the_build_needs():
+    """docker/trainer.Dockerfile runs `pip install .` on a copied subset of the checkout."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    needed = {"pyproject.toml", project["readme"], *project["license-files"]}
+    dockerfile = (ROOT / "docker" / "trainer.Dockerfile").read_text()
+    copied = {name for line in dockerfile.splitlines() if line.startswith("COPY ")
+              for name in line.split()[1:-1]}
+    allowed = {line[1:].rstrip("/") for line in
+               (ROOT / "docker" / "trainer.Dockerfile.dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    assert needed <= copied and needed <= allowed, (needed, copied, allowed)
+    assert "mfotel" in copied and "mfotel" in allowed
 
 
 def test_the_wheel_declares_the_version_of_the_package():
