@@ -240,8 +240,13 @@ def test_a_fresh_venv_gets_a_working_product_from_the_wheel(installed, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "SUCCESS" in result.stdout
 
-    # amtool is not installed here: the real Alertmanager loads the config and its template
     am_dir = work / "alertmanager"
+    amtool = binary("amtool", "prometheus-alertmanager")
+    result = subprocess.run([amtool, "check-config", str(am_dir / "alertmanager.yml")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and " - 1 templates" in result.stdout.splitlines(), \
+        result.stdout + result.stderr
+    # and the real Alertmanager starts with it, the template loaded from beside the config
     with Alertmanager((am_dir / "alertmanager.yml").read_text(), workdir=am_dir) as server:
         with urllib.request.urlopen(f"{server.url}/api/v2/status", timeout=5) as response:
             status = json.loads(response.read())
