@@ -17,7 +17,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/mfotel
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY mfotel ./mfotel
 RUN pip install ".[mindspore]"
 

@@ -1,4 +1,4 @@
-"""`mfotel` command line: check, demo, and the tools of the other modules."""
+"""`mfotel` command line: check, demo, the shipped assets, and the tools of the other modules."""
 from __future__ import annotations
 
 import argparse
@@ -8,13 +8,14 @@ from typing import Any, Sequence
 
 import yaml
 
+from . import __version__
 from .alerting.receiver import add_alerts_receiver_command
+from .assets import add_asset_commands
 from .config import ConfigError, describe, load_config, read_yaml
 from .actions.control import add_control_command
 from .cluster.discovery import add_targets_command
 from .contract import SEED_METRICS
 from .logs.cli import add_log_commands
-from .alerting.rules import add_rules_command
 
 
 def _is_mindformers_yaml(path: str) -> bool:
@@ -119,14 +120,9 @@ class _LastScrape:
         return LastScrape()
 
 
-def cmd_dashboards(args: argparse.Namespace) -> int:
-    """Regenerate the Grafana dashboards (or --check that the checked-in ones are current)."""
-    from .dashboards.build import main as build_main
-    return build_main(["--out", args.out] + (["--check"] if args.check else []))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mfotel", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="validate monitor_config in training YAML files")
@@ -159,16 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also run Prometheus, Alertmanager and a receiver on loopback, inject "
                            "a NaN and show the page arriving")
     demo.set_defaults(func=cmd_demo)
-    add_rules_command(sub)
+    add_asset_commands(sub)   # rules, dashboards, alertmanager-config, assets
     add_alerts_receiver_command(sub)
     add_log_commands(sub)
     add_control_command(sub)
     add_targets_command(sub)
 
-    dashboards = sub.add_parser("dashboards", help="generate the Grafana dashboards JSON")
-    dashboards.add_argument("--out", default="grafana/dashboards")
-    dashboards.add_argument("--check", action="store_true", help="exit 1 if the files are stale")
-    dashboards.set_defaults(func=cmd_dashboards)
     return parser
 
 

@@ -2,7 +2,12 @@
 
 OTel names are dotted with the unit in the unit field; the Prometheus exporter derives the
 exposed name (unit suffix, `_total` on counters). `prometheus_name` is what a scrape shows and
-is pinned by tests/test_contract_golden.py.
+is pinned by tests/test_contract_golden.py, which also checks that an OpenTelemetry Collector or
+Prometheus translating our OTLP gets the same names.
+
+Units follow OpenTelemetry: UCUM (`s`), annotations for counted things (`{step}`), `1` only for
+true ratios (the collector's translation appends `_ratio` to gauges of unit `1`), and no unit
+for dimensionless values that are not ratios (loss, learning rate, norms, loss scale, states).
 """
 from __future__ import annotations
 
@@ -49,13 +54,13 @@ def _m(key: str, otel: str, unit: str, kind: Kind, prom: str, description: str,
 
 CONTRACT: tuple[MetricSpec, ...] = (
     # seed metrics, recorded every step_interval steps when selected
-    _m("loss", "mindformers.train.loss", "1", "gauge", "mindformers_train_loss",
+    _m("loss", "mindformers.train.loss", "", "gauge", "mindformers_train_loss",
        "Training loss of the last recorded step (last finite value; see loss_finite)",
        seed="loss"),
-    _m("learning_rate", "mindformers.train.learning_rate", "1", "gauge",
+    _m("learning_rate", "mindformers.train.learning_rate", "", "gauge",
        "mindformers_train_learning_rate", "Learning rate used by the last recorded step",
        seed="learning_rate"),
-    _m("grad_norm", "mindformers.train.grad_norm", "1", "gauge", "mindformers_train_grad_norm",
+    _m("grad_norm", "mindformers.train.grad_norm", "", "gauge", "mindformers_train_grad_norm",
        "Global L2 norm of the gradients of the last recorded step", seed="grad_norm"),
     _m("throughput", "mindformers.train.throughput.samples", "{sample}/s", "gauge",
        "mindformers_train_throughput_samples_per_second",
@@ -75,24 +80,24 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _m("last_step_timestamp", "mindformers.train.last_step.timestamp", "s", "gauge",
        "mindformers_train_last_step_timestamp_seconds",
        "Unix time of the last completed step"),
-    _m("loss_finite", "mindformers.train.loss_finite", "1", "gauge",
+    _m("loss_finite", "mindformers.train.loss_finite", "", "gauge",
        "mindformers_train_loss_finite", "1 if the last loss was finite, 0 if NaN or Inf"),
     _m("nonfinite", "mindformers.train.nonfinite", "{step}", "counter",
        "mindformers_train_nonfinite", "Steps where `metric` was NaN or Inf",
        labels=("metric",)),
     _m("overflow", "mindformers.train.overflow", "{step}", "counter",
        "mindformers_train_overflow", "Loss-scale overflow steps"),
-    _m("loss_scale", "mindformers.train.loss_scale", "1", "gauge",
+    _m("loss_scale", "mindformers.train.loss_scale", "", "gauge",
        "mindformers_train_loss_scale", "Current loss scale"),
     _m("epoch", "mindformers.train.epoch", "{epoch}", "gauge", "mindformers_train_epoch",
        "Current epoch"),
     _m("progress", "mindformers.train.progress.ratio", "1", "gauge",
        "mindformers_train_progress_ratio", "Completed fraction of the run, 0..1"),
-    _m("status", "mindformers.train.status", "1", "gauge", "mindformers_train_status",
+    _m("status", "mindformers.train.status", "", "gauge", "mindformers_train_status",
        "0 initialising, 1 running, 2 completed, 3 failed or stopped"),
     _m("first_nonfinite_step", "mindformers.train.first_nonfinite_step", "{step}", "gauge",
        "mindformers_train_first_nonfinite_step", "Step at which the loss first went NaN/Inf"),
-    _m("rank_info", "mindformers.train.rank_info", "1", "gauge", "mindformers_train_rank_info",
+    _m("rank_info", "mindformers.train.rank_info", "", "gauge", "mindformers_train_rank_info",
        "Identity of this rank, for joins with device exporters (value 1)",
        labels=("local_rank", "node", "device_id", "host", "world_size")),
     _m("actions", "mindformers.train.actions", "{action}", "counter", "mindformers_train_actions",
@@ -101,6 +106,18 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _m("export_errors", "mfotel.export.errors", "{error}", "counter", "mfotel_export_errors",
        "Errors swallowed by mfotel to protect training", labels=("stage",)),
 )
+
+#: prometheus_client's standard process collector of the training process, served beside the
+#: contract with the `job_name` and `rank` labels (not at `cardinality: health`; not pushed
+#: over OTLP): Prometheus family name -> kind. The counter's sample is `_total`.
+PROCESS_SERIES: dict[str, Kind] = {
+    "process_cpu_seconds": "counter",             # user + system CPU time
+    "process_resident_memory_bytes": "gauge",     # RSS
+    "process_virtual_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",        # unix time the process started
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
+}
 
 BY_KEY: dict[str, MetricSpec] = {spec.key: spec for spec in CONTRACT}
 

@@ -14,7 +14,8 @@ from opentelemetry.sdk.metrics import ObservableGauge
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.metrics_core import Metric
 
 from .config import MonitorConfig
 from .exposition import CachedMetricsApp, CachingCollector, serve
@@ -53,7 +54,12 @@ def _version(package: str) -> str:
 
 def build_resource(job_name: str, identity: RankIdentity,
                    extra: dict[str, str] | None = None) -> Resource:
-    """Resource attributes, exposed by the Prometheus reader as `target_info`."""
+    """Resource attributes, exposed by the Prometheus reader as `target_info`.
+
+    `job_name` and `rank` are there under the label names every series carries (extra
+    attributes cannot replace them), so `target_info` joins `on(job_name, rank)` like the rest
+    of the contract.
+    """
     attributes: dict[str, Any] = {
         "service.name": job_name,
         "service.instance.id": f"{identity.node}:{identity.rank}",
@@ -69,7 +75,37 @@ def build_resource(job_name: str, identity: RankIdentity,
     }
     attributes = {k: v for k, v in attributes.items() if v != ""}
     attributes.update(extra or {})
+    attributes.update(job_name=job_name, rank=str(identity.rank))
     return Resource.create(attributes)
+
+
+class _Labelled:
+    """Adds `labels` to every sample of `collector` (job_name and rank on the process_* series)."""
+
+    def __init__(self, collector: ProcessCollector, labels: dict[str, str]) -> None:
+        self.collector, self.labels = collector, labels
+
+    def collect(self) -> list[Metric]:
+        families = self.collector.collect()
+        for family in families:
+            family.samples = [s._replace(labels={**s.labels, **self.labels})
+                              for s in family.samples]
+        return families
+
+
+def process_metrics(labels: dict[str, str]) -> CollectorRegistry:
+    """prometheus_client's standard process collector (process_resident_memory_bytes,
+    process_cpu_seconds_total, process_open_fds, process_start_time_seconds, ...) of this
+    process, labelled with `labels`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Labelled(ProcessCollector(registry=None), labels))
+    return registry
+
+
+def _each_second() -> int:
+    """A version that moves once a second: /proc is read at most once a second however many
+    scrapers ask."""
+    return int(time.monotonic())
 
 
 @dataclass
@@ -158,6 +194,9 @@ class Telemetry:
         """
         collectors = [CachingCollector(self._sources[0], version),
                       CachingCollector(self._sources[1], native_version, NATIVE_COLLECT_BUDGET)]
+        if self.cfg.cardinality != "health":  # health: the fewest series per rank
+            labels = {"job_name": self.job_name, "rank": str(self.identity.rank)}
+            collectors.append(CachingCollector(process_metrics(labels), _each_second))
         for collector in collectors:
             self.registry.register(collector)
         self.app = CachedMetricsApp(self.registry, collectors)

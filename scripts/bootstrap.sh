@@ -32,8 +32,7 @@ if [ "$mode" = "test" ]; then
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
-    # the Debian packages start system services on the default ports; tests use their own
-    for unit in prometheus prometheus-alertmanager prometheus-node-exporter; do
-        { command -v systemctl >/dev/null && systemctl stop "$unit"; } >/dev/null 2>&1 || true
-    done
+    # The Debian packages may start system services on the default ports (9090, 9093, 9100).
+    # They are left alone: the tests start their own servers on free loopback ports, with
+    # their own data directories and Alertmanager clustering off.
 fi

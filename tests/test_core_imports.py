@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 BLOCK = """
 import importlib.abc, sys
@@ -19,14 +20,15 @@ try:
     mfotel.OTelMonitor
 except ImportError as exc:
     print("callback needs mindspore:", exc)
-assert mfotel.cli.main(["rules", "--check"]) == 0
+assert mfotel.cli.main(["rules", "--out", sys.argv[1], "--check"]) == 0
 print("ok")
 """
 
 
 def test_core_imports_without_mindspore():
-    done = subprocess.run([sys.executable, "-c", BLOCK], capture_output=True, text=True,
-                          timeout=120)
+    rules_dir = Path(__file__).resolve().parents[1] / "prometheus" / "rules"
+    done = subprocess.run([sys.executable, "-c", BLOCK, str(rules_dir)], capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "ok"
     assert "callback needs mindspore: mindspore" in done.stdout

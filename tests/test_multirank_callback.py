@@ -9,6 +9,7 @@ import pytest
 
 from conftest import samples, scrape, step_scraper, value
 from mfotel.config import ConfigError, parse_config
+from mfotel.contract import PROCESS_SERIES
 from mfotel.demo.training import SyntheticRegression, build_model, run_demo
 from mfotel.identity import RankIdentity
 from mfotel.instruments import Instruments
@@ -137,9 +138,10 @@ def test_cardinality_levels_series_per_rank_match_the_docs(port, in_tmp, monkeyp
     assert full["mindformers_train_step_duration_seconds_bucket"] == 16
     assert metric_rank["mindformers_train_step_duration_seconds_bucket"] == 1  # +Inf only
     assert "mindformers_train_loss" in metric_rank and "mindformers_train_loss" not in other_rank
+    process = {name + ("_total" if kind == "counter" else "") for name, kind in PROCESS_SERIES.items()}
     assert set(full) - set(other_rank) == {
         "mindformers_train_loss", "mindformers_train_learning_rate", "mindformers_train_grad_norm",
-        "mindformers_train_throughput_samples_per_second"}
+        "mindformers_train_throughput_samples_per_second", *process}  # health: no process_*
     assert _documented_counts() == {"full every rank": sum(full.values()),
                                     "health metric ranks": sum(metric_rank.values()),
                                     "health other ranks": sum(other_rank.values())}

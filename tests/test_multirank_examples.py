@@ -16,6 +16,7 @@ from mfotel.alerting import rules
 from mfotel.contract import CONTRACT
 from mfotel.cluster.discovery import target_groups
 from mfotel.demo.stack import find_binary
+from prometheus_translation import prometheus_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM = ROOT / "examples" / "prometheus"
@@ -114,18 +115,18 @@ def test_pod_annotation_scrape_config_keeps_the_rank_ports():
                    for t in [r.get("target_label")])
 
 
-def test_collector_renames_give_the_contract_names():
+def test_collector_translates_to_the_contract_names_without_renames():
     config = yaml.safe_load(COLLECTOR.read_text())
-    renames = {t["include"]: t["new_name"]
-               for t in config["processors"]["metricstransform/mfotel-names"]["transforms"]}
-    for exporter in ("prometheus", "prometheusremotewrite"):
-        assert config["exporters"][exporter]["add_metric_suffixes"] is False
-    for spec in CONTRACT:
-        # with suffixes off the collector only turns the dots into underscores
-        exposed = renames.get(spec.otel_name, spec.otel_name.replace(".", "_"))
-        assert exposed == (spec.sample_name if spec.kind == "counter" else spec.prometheus_name), \
-            spec.otel_name
-    assert set(renames) <= {s.otel_name for s in CONTRACT}
+    for name in ("prometheus", "prometheusremotewrite"):
+        exporter = config["exporters"][name]
+        # the current setting; add_metric_suffixes is deprecated (and ignored beside it)
+        assert exporter["translation_strategy"] == "UnderscoreEscapingWithSuffixes", name
+        assert "add_metric_suffixes" not in exporter, name
+        assert exporter.get("resource_to_telemetry_conversion", {}).get("enabled") is not True
+    assert not [p for p in config["processors"] if p.startswith("metricstransform")]
+    for spec in CONTRACT:  # the translation rules (tests/prometheus_translation.py)
+        exposed = spec.sample_name if spec.kind == "counter" else spec.prometheus_name
+        assert prometheus_name(spec.otel_name, spec.unit, spec.kind) == exposed, spec.otel_name
     pipeline = config["service"]["pipelines"]["metrics"]
     assert pipeline["receivers"] == ["otlp"]
     assert set(pipeline["processors"]) <= set(config["processors"])

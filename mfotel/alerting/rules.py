@@ -1,11 +1,11 @@
 """Prometheus alerting and recording rules for the metric contract, generated from Python.
 
 Monitoring-mixin style: thresholds and selectors live in `RulesConfig`, apart from the rules.
-The files in `prometheus/rules/` are the output of the defaults and are checked in;
-tests/test_rules.py checks that regenerating them changes nothing.
+`mfotel rules --out DIR` writes them (`mfotel assets` also writes the Prometheus config and
+runbook beside them); the repository's `prometheus/rules/` holds the output of the defaults.
 
-    python -m mfotel.alerting.rules --out-dir prometheus/rules            # regenerate
-    python -m mfotel.alerting.rules --out-dir /tmp/r --set stall_seconds=1800 --set selector='cluster="a"'
+    mfotel rules --out prometheus/rules                  # the defaults
+    mfotel rules --out /tmp/r --set stall_seconds=1800 --set selector='cluster="a"'
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from ..contract import STATUS_FAILED, STATUS_RUNNING
 ALERTS_FILE = "mindformers-alerts.yml"
 RECORDING_FILE = "mindformers-recording.yml"
 RUNBOOK_BASE_URL = "https://github.com/mfotel/mfotel/blob/main/prometheus/runbook.md"
-DEFAULT_OUT_DIR = Path(__file__).resolve().parents[2] / "prometheus" / "rules"
 
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
@@ -411,28 +410,20 @@ def alert_names(cfg: RulesConfig | None = None) -> list[str]:
     return [r["alert"] for g in alerting_rules(cfg or RulesConfig()) for r in g["rules"]]
 
 
-def write_rules(out_dir: str | Path = DEFAULT_OUT_DIR,
-                config: RulesConfig | None = None) -> list[Path]:
+def write_rules(out_dir: str | Path, config: RulesConfig | None = None) -> list[Path]:
     """Write both rule files into `out_dir` (created if needed); returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in render_rules(config).items():
-        path = out / name
-        path.write_text(text)
-        paths.append(path)
-    return paths
+    from ..assets import rule_files, write_files
+    return write_files(rule_files(config), out_dir)
 
 
-def stale_rule_files(out_dir: str | Path = DEFAULT_OUT_DIR,
-                     config: RulesConfig | None = None) -> list[str]:
+def stale_rule_files(out_dir: str | Path, config: RulesConfig | None = None) -> list[str]:
     """Names of the files in `out_dir` that differ from what `config` generates."""
-    out = Path(out_dir)
-    return [name for name, text in render_rules(config).items()
-            if not (out / name).is_file() or (out / name).read_text() != text]
+    from ..assets import rule_files, stale_files
+    return stale_files(rule_files(config), out_dir)
 
 
-def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+def parse_set(items: Sequence[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items -> RulesConfig keyword arguments (SystemExit naming the keys)."""
     fields = {f.name: f for f in dataclasses.fields(RulesConfig)}
     overrides: dict[str, Any] = {}
     for item in items:
@@ -448,47 +439,13 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
     return overrides
 
 
-def add_rules_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--out-dir", default=str(DEFAULT_OUT_DIR),
-                        help="directory for the rule files (default: %(default)s)")
-    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
-                        help="override a RulesConfig field, e.g. stall_seconds=1800 "
-                             "or selector='cluster=\"a\"' (repeatable)")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if the files differ from the generated ones")
-    return parser
-
-
-def run_rules_command(args: argparse.Namespace) -> int:
-    try:
-        cfg = RulesConfig(**_parse_set(args.set))
-    except ValueError as error:
-        print(f"mfotel rules: {error}", file=sys.stderr)
-        return 2
-    if args.check:
-        stale = stale_rule_files(args.out_dir, cfg)
-        for name in stale:
-            print(f"{Path(args.out_dir) / name} is out of date; run: mfotel rules "
-                  f"--out-dir {args.out_dir}", file=sys.stderr)
-        return 1 if stale else 0
-    for path in write_rules(args.out_dir, cfg):
-        print(f"wrote {path}")
-    return 0
-
-
-def add_rules_command(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `rules` on an argparse subparsers object; dispatch via `args.func(args)`."""
-    parser = subparsers.add_parser("rules", help="generate the Prometheus rule files",
-                                   description=__doc__.splitlines()[0])
-    add_rules_arguments(parser)
-    parser.set_defaults(func=run_rules_command)
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = add_rules_arguments(argparse.ArgumentParser(
-        prog="python -m mfotel.alerting.rules", description=__doc__.splitlines()[0]))
-    return run_rules_command(parser.parse_args(argv))
+    """`python -m mfotel.alerting.rules`: the same as `mfotel rules`."""
+    from ..assets import add_arguments
+    parser = add_arguments(argparse.ArgumentParser(
+        prog="python -m mfotel.alerting.rules", description=__doc__.splitlines()[0]), "rules")
+    args = parser.parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Grafana dashboards as code: declarative panel modules, one per dashboard.
 
     from mfotel.dashboards import write_dashboards
-    write_dashboards("grafana/dashboards")
+    write_dashboards("/tmp/dashboards")     # render from the panel modules (needs the SDK)
 
 Rendering needs grafana-foundation-sdk (a dev dependency); the definitions do not.
 """

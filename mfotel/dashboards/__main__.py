@@ -1,4 +1,4 @@
-"""`python -m mfotel.dashboards [--out DIR] [--check]`."""
+"""`python -m mfotel.dashboards --out DIR [--check]`: render the dashboards (needs the SDK)."""
 import sys
 
 from .build import main

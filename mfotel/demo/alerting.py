@@ -5,8 +5,8 @@ a NaN injected into a real MindSpore run, and the page arriving at the webhook r
     run_alerting_demo(steps=60, nan_at_step=20)
 
 `AlertingStack` is the reusable part (tests use it): it starts the alerts receiver, Alertmanager
-and Prometheus with the repository's `alertmanager/alertmanager.yml`, `prometheus/prometheus.yml`
-and `prometheus/rules/*.yml`, rewritten only where a loopback demo needs it: target and
+and Prometheus with the shipped `alertmanager.yml`, `prometheus.yml` and rule files (package
+data, as `mfotel assets` writes them), rewritten only where a loopback demo needs it: target and
 receiver addresses, 1 s scrape and evaluation intervals, no group_wait, and every `for:`
 scaled down by the same factor as the scrape interval (15 s -> 1 s: 2m becomes 8s).
 """
@@ -26,12 +26,10 @@ import yaml
 
 from ..alerting import rules as rules_module
 from ..alerting.receiver import AlertsReceiver, ReceivedAlert
+from ..assets import alertmanager_files, prometheus_files, rule_files, write_files
 from .stack import (ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, Alertmanager, Prometheus,
                     find_binary, free_port)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-PROMETHEUS_DIR = REPO_ROOT / "prometheus"
-ALERTMANAGER_DIR = REPO_ROOT / "alertmanager"
 SHIPPED_SCRAPE_SECONDS = 15.0
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -49,18 +47,13 @@ def _seconds(value: float) -> str:
     return f"{max(1, math.ceil(value))}s"
 
 
-def shipped_files() -> dict[str, Path]:
-    """The configs this module starts the servers with; FileNotFoundError if not there."""
-    files = {"prometheus": PROMETHEUS_DIR / "prometheus.yml",
-             "alertmanager": ALERTMANAGER_DIR / "alertmanager.yml",
-             "alerts": PROMETHEUS_DIR / "rules" / rules_module.ALERTS_FILE,
-             "recording": PROMETHEUS_DIR / "rules" / rules_module.RECORDING_FILE}
-    missing = [str(p) for p in files.values() if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(
-            "the shipped Prometheus/Alertmanager configs are not next to the mfotel package "
-            f"(missing: {', '.join(missing)}); run from a source checkout of mfotel")
-    return files
+def shipped_files() -> dict[str, str]:
+    """The shipped configs this module starts the servers with (YAML text, from the package)."""
+    rules, prometheus = rule_files(), prometheus_files()
+    return {"prometheus": prometheus["prometheus.yml"].decode(),
+            "alertmanager": alertmanager_files()["alertmanager.yml"].decode(),
+            "alerts": rules[rules_module.ALERTS_FILE].decode(),
+            "recording": rules[rules_module.RECORDING_FILE].decode()}
 
 
 def check_binaries() -> None:
@@ -142,25 +135,22 @@ class AlertingStack:
         try:
             self.receiver.start()
             am_dir = self.workdir / "alertmanager"
-            am_dir.mkdir(parents=True, exist_ok=True)
-            templates = self.files["alertmanager"].parent / "templates"
-            if templates.is_dir():
-                shutil.copytree(templates, am_dir / "templates", dirs_exist_ok=True)
+            write_files(alertmanager_files(), am_dir)  # the templates beside the config
             self.alertmanager = Alertmanager(
-                loopback_alertmanager_config(self.files["alertmanager"].read_text(),
-                                             self.receiver.url), workdir=am_dir).start()
+                loopback_alertmanager_config(self.files["alertmanager"], self.receiver.url),
+                workdir=am_dir).start()
             rules_dir = self.workdir / "rules"
             rules_dir.mkdir(parents=True, exist_ok=True)
-            rule_files = []
-            for key in ("recording", "alerts"):
-                path = rules_dir / self.files[key].name
-                path.write_text(scale_for_durations(self.files[key].read_text(),
-                                                    self.for_factor))
-                rule_files.append(path)
+            rule_paths = []
+            for key, name in (("recording", rules_module.RECORDING_FILE),
+                              ("alerts", rules_module.ALERTS_FILE)):
+                path = rules_dir / name
+                path.write_text(scale_for_durations(self.files[key], self.for_factor))
+                rule_paths.append(path)
             self.prometheus = Prometheus(
-                loopback_prometheus_config(self.files["prometheus"].read_text(), self.targets,
+                loopback_prometheus_config(self.files["prometheus"], self.targets,
                                            f"127.0.0.1:{self.alertmanager.port}", self.interval),
-                rule_files=rule_files, workdir=self.workdir / "prometheus").start()
+                rule_files=rule_paths, workdir=self.workdir / "prometheus").start()
         except BaseException:
             self.stop()
             raise
