@@ -232,10 +232,10 @@ class FileWatch:
     """Reads a JSON file again only when it was replaced or changed: one stat() per poll.
 
         watch = FileWatch(job_dir / "control.json", CONTROL_MAX_BYTES)
-        changed, data = watch.poll()   # data is None when the file is missing
+        changed, data = watch.poll()   # data: a dict, or None when the file is missing
 
-    Never blocks: see read_regular_file. A problem (not JSON, not a regular file, too large,
-    unreadable) raises ValueError once, then the file is ignored until it changes.
+    Never blocks: see read_regular_file. A problem (not a JSON object, not a regular file,
+    too large, unreadable) raises ValueError once, then the file is ignored until it changes.
     """
 
     def __init__(self, path: Path, limit: int = CONTROL_MAX_BYTES) -> None:
@@ -244,7 +244,7 @@ class FileWatch:
         self._signature: tuple[int, ...] | None = None
 
     def poll(self) -> tuple[bool, Any]:
-        """(changed, parsed JSON or None); ValueError (once per change) for a bad file."""
+        """(changed, parsed JSON object or None); ValueError (once per change) for a bad file."""
         try:
             st = os.stat(self._fspath)
         except FileNotFoundError:
@@ -266,7 +266,10 @@ class FileWatch:
             raise ValueError(str(exc)) from None
         except OSError as exc:
             raise ValueError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
-        return True, parse_json_bytes(data, self._fspath)
+        parsed = parse_json_bytes(data, self._fspath)
+        if not isinstance(parsed, dict):  # both files hold an object; None means "no file"
+            raise ValueError(f"{self.path} holds {_json_kind(parsed)}, not a JSON object")
+        return True, parsed
 
     def _failed(self, signature: tuple[int, ...], message: str) -> tuple[bool, Any]:
         if signature == self._signature:

@@ -271,7 +271,8 @@ def _handler(receiver: AlertsReceiver) -> type[BoundedRequestHandler]:
             except ValueError:
                 length = -1
             if length <= 0:
-                self._refuse(400, "expected a JSON body with a Content-Length")
+                self._refuse(400, "the body is empty or has no Content-Length: expected a "
+                                  "JSON notification")
                 return
             if length > receiver.max_body_bytes:
                 self._drain()
