@@ -116,6 +116,20 @@ def test_forged_webhooks_get_401_and_change_nothing(receivers, token_file: Path,
     assert "refused a request with 401" in err and err.count("refused a request") == 1
 
 
+def test_credentials_in_clear_text_or_a_readable_secret_are_warned_about(receivers,
+                                                                          token_file: Path
+                                                                          ) -> None:
+    token_file.chmod(0o644)
+    receiver = receivers("--host", "0.0.0.0", "--bearer-token-file", str(token_file),
+                         banner_lines=4)
+    assert receiver.banner[1:] == [
+        "mfotel alerts-receiver: requests must authenticate (Bearer)\n",
+        f"mfotel alerts-receiver: WARNING: {token_file} is readable by other users; "
+        f"chmod 600 it\n",
+        "mfotel alerts-receiver: WARNING: credentials cross the network in clear text on "
+        "0.0.0.0; add --tls-cert-file and --tls-key-file\n"]
+
+
 @pytest.mark.parametrize("source", ["file", "environment"])
 def test_basic_auth_password_from_a_file_or_the_environment(receivers, tmp_path: Path,
                                                             control_dir: Path, source) -> None:
@@ -275,6 +289,18 @@ def test_bad_bodies_leave_no_traceback_and_print_nothing(receivers, token_file: 
     assert err.count("refused a request with 400") == 1
     assert err.count("refused a request with 413") == 1
     assert list((control_dir / "victim").iterdir()) == []
+
+
+def test_a_chunked_body_is_asked_for_a_content_length(strict_receiver) -> None:
+    import http.client
+    from urllib.parse import urlsplit
+    url = urlsplit(strict_receiver.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    connection.request("POST", "/alerts", iter([json.dumps(FORGED).encode()]),
+                       {"Authorization": f"Bearer {TOKEN}"}, encode_chunked=True)
+    response = connection.getresponse()
+    assert response.status == 411 and b"Content-Length" in response.read()
+    connection.close()
 
 
 def test_printed_lines_are_escaped_one_alert_one_line() -> None:
