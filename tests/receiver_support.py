@@ -101,6 +101,9 @@ class CliReceiver:
     _out: _Lines
     _err: _Lines
 
+    def stderr_so_far(self) -> str:
+        return "".join(self._err.lines)
+
     def stop(self) -> tuple[str, str]:
         """Terminate; (stdout, stderr) of the whole run."""
         if self.process.poll() is None:

@@ -144,7 +144,8 @@ def test_without_the_http_config_alertmanager_is_refused_and_nothing_acts(
     try:
         with alertmanager_for(receiver.url, {}, tmp_path / "am") as am:
             fire(am, "victim")
-            wait_for(lambda: "refused a request with 401" in "".join(receiver._err.lines),
+            wait_for(lambda: "refused a request with 401 from 127.0.0.1"
+                     in receiver.stderr_so_far(),
                      what="Alertmanager's unauthenticated notification")
     finally:
         out, _ = receiver.stop()

@@ -140,16 +140,19 @@ def test_decoding_any_body_gives_alerts_or_a_payload_error(body: bytes) -> None:
 
 
 # ---------------------------------------------------------------- control files
+#: Integers too large for a float (and to print, near 4300 digits), of either sign.
+huge_ints = st.builds(lambda digits, sign: sign * 10 ** digits, st.integers(300, 4200),
+                      st.sampled_from([1, -1]))
 request_fields = st.fixed_dictionaries(
     {}, optional={"id": st.one_of(st.uuids().map(lambda u: u.hex[:12]), json_values),
                   "action": st.one_of(st.sampled_from(["stop", "scale_lr", "warn"]), json_values),
                   "factor": st.one_of(st.floats(allow_nan=True, allow_infinity=True),
-                                      st.integers(), json_values),
+                                      st.integers(), huge_ints, json_values),
                   "source": st.one_of(st.sampled_from(["control", "alert", "plateau"]),
                                       json_values),
                   "reason": st.one_of(st.text(max_size=50), json_values),
-                  "created": st.one_of(st.floats(), st.integers(), json_values),
-                  "step": st.one_of(st.integers(), json_values)})
+                  "created": st.one_of(st.floats(), st.integers(), huge_ints, json_values),
+                  "step": st.one_of(st.integers(), huge_ints, json_values)})
 file_contents = st.one_of(
     request_fields.map(lambda r: json.dumps(r).encode()),
     json_values.map(lambda v: json.dumps(v).encode()),

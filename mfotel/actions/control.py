@@ -76,7 +76,7 @@ class Request:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("the request has no id (a non-empty string)")
         if len(request_id) > MAX_ID_CHARS or not request_id.isprintable():
-            raise ValueError(f"id {_one_line(request_id[:MAX_ID_CHARS])!r}: at most "
+            raise ValueError(f"id {_short(request_id[:MAX_ID_CHARS])}: at most "
                              f"{MAX_ID_CHARS} printable characters")
         reason = known.get("reason", "")
         if not isinstance(reason, str):
@@ -98,6 +98,15 @@ def _one_line(text: str) -> str:
         ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+def _short(value: Any) -> str:
+    """`repr(value)` for a message: one line, at most 40 characters, safe for huge integers."""
+    try:
+        text = repr(value)
+    except ValueError:   # an integer too long to print (sys.get_int_max_str_digits)
+        return "a number with thousands of digits"
+    return _one_line(text[:40])
+
+
 def _finite(value: Any, what: str) -> float:
     """`value` as a finite float; ValueError naming `what` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -107,7 +116,7 @@ def _finite(value: Any, what: str) -> float:
     except OverflowError:   # an integer with hundreds of digits
         number = math.inf
     if not math.isfinite(number):
-        raise ValueError(f"{what}: a finite number, not {_one_line(repr(value)[:40])}")
+        raise ValueError(f"{what}: a finite number, not {_short(value)}")
     return number
 
 
@@ -116,7 +125,7 @@ def new_request(action: Any, factor: Any = None, source: str = "control", reason
                 step: Any = None) -> Request:
     """A validated Request; ValueError for an unknown action, a bad factor or source."""
     if not isinstance(action, str) or action not in REQUEST_ACTIONS:
-        raise ValueError(f"action {_one_line(repr(action)[:40])} is not one of "
+        raise ValueError(f"action {_short(action)} is not one of "
                          f"{', '.join(REQUEST_ACTIONS)}")
     if action == "scale_lr":
         try:
@@ -124,16 +133,15 @@ def new_request(action: Any, factor: Any = None, source: str = "control", reason
         except ValueError:
             number = -1.0
         if not number > 0:
-            raise ValueError(f"scale_lr needs a positive factor, not "
-                             f"{_one_line(repr(factor)[:40])}")
+            raise ValueError(f"scale_lr needs a positive factor, not {_short(factor)}")
         factor = number
     else:
         factor = None
     if not isinstance(source, str) or source not in SOURCES:
-        raise ValueError(f"source {_one_line(repr(source)[:40])} is not one of "
+        raise ValueError(f"source {_short(source)} is not one of "
                          f"{', '.join(SOURCES)}")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise ValueError(f"step {step!r} is not a step number")
+        raise ValueError(f"step {_short(step)} is not a step number")
     return Request(request_id or uuid.uuid4().hex[:12], action, factor, source, reason,
                    time.time() if created is None else created, step)
 

@@ -205,7 +205,7 @@ class AlertsReceiver:
         while self.alerts and (len(self.alerts) > KEEP_ALERTS or self._kept_chars > KEEP_CHARS):
             self._kept_chars -= self.alerts.popleft().size()
 
-    def reject(self, code: int, why: str) -> None:
+    def reject(self, code: int, why: str, client: str = "?") -> None:
         """Count a refused request; say so on stderr at most once per code and minute."""
         now = time.monotonic()
         with self._cond:
@@ -217,8 +217,8 @@ class AlertsReceiver:
             self._reported[code] = (now, 0)
         if self.err is not None:
             more = f" (and {since} more since the last report)" if since else ""
-            self.err.write(f"mfotel alerts-receiver: refused a request with {code}: "
-                           f"{printable(why, 200)}{more}\n")
+            self.err.write(f"mfotel alerts-receiver: refused a request with {code} from "
+                           f"{client}: {printable(why, 200)}{more}\n")
             self.err.flush()
 
     def received(self, predicate: Callable[[ReceivedAlert], bool] | None = None
@@ -317,7 +317,7 @@ def _handler(receiver: AlertsReceiver) -> type[BoundedRequestHandler]:
             self.close_connection = True
 
         def _refuse(self, code: int, why: str) -> None:
-            receiver.reject(code, why)
+            receiver.reject(code, why, str(self.client_address[0]))
             headers = {}
             if code == 401 and receiver.auth is not None:
                 headers["WWW-Authenticate"] = ", ".join(

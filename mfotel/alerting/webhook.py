@@ -150,7 +150,9 @@ def parse_notification(payload: Any, received_at: float | None = None) -> list[R
         if not isinstance(raw, dict):
             raise PayloadError(f"{where}: an object, not {_kind(raw)}")
         status = raw.get("status")
-        status = _text(f"{where}.status", (default_status or "firing") if status is None else status)
+        if status is None:
+            status = default_status or "firing"
+        status = _text(f"{where}.status", status)
         if status not in STATUSES:
             raise PayloadError(f"{where}.status: \"{printable(status, 60)}\" is not firing "
                                f"or resolved")
