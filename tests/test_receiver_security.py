@@ -103,6 +103,8 @@ def test_forged_webhooks_get_401_and_change_nothing(receivers, token_file: Path,
                 code, text = post(receiver.url, notification(status=status), headers)
                 assert (code, text) == (401, "missing or wrong credentials\n"), headers
         assert post(receiver.url, FORGED, headers)[0] == 401
+    # a 15 MB body without credentials is read and dropped: the client gets its 401
+    assert post(receiver.url, b" " * 15_000_000, timeout=60)[0] == 401
     assert list((control_dir / "victim").iterdir()) == []
     assert get(receiver.url)[0] == 401                 # nor can it read what was received
 

@@ -360,10 +360,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                           "Alertmanager: tls_config.cert_file / key_file)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        metavar="BYTES",
                         help="larger bodies get 413 (default: %(default)s)")
-    limits.add_argument("--max-connections", type=int, default=16,
+    limits.add_argument("--max-connections", type=int, default=16, metavar="N",
                         help="connections served at once; more get 503 (default: %(default)s)")
     limits.add_argument("--request-timeout-seconds", type=float, default=10.0,
+                        metavar="SECONDS",
                         help="time a connection has for its whole request (default: "
                              "%(default)s)")
     add_alert_control_arguments(parser)
