@@ -145,10 +145,11 @@ class BoundedHTTPServer(HTTPServer):
             self._close_refused(self._closing.popleft()[1])
 
     def _close_refused(self, sock: socket.socket) -> None:
-        try:   # read what the client sent, so that closing does not reset the connection
-            while sock.recv(1 << 16):
-                pass
-        except OSError:
+        try:   # read what the client sent (up to 1 MiB), so that closing does not reset it
+            for _ in range(16):
+                if not sock.recv(1 << 16):
+                    break
+        except OSError:   # nothing more buffered (the socket does not block), or gone
             pass
         self.close_request(sock)
 
