@@ -165,6 +165,9 @@ class OTelMonitor(Callback):
                                        seed_values=cfg.exports_seed_metrics(ident.rank))
         if self.actions is not None:
             self.instruments.state.actions = self.actions.counts
+            # control-file problems (also those met at start) -> mfotel_export_errors_total
+            self.instruments.state.export_errors[self.actions.ERROR_STAGE] = self.actions.errors
+            self.actions.on_error = self._on_telemetry_error
         self.telemetry.serve(lambda: self.instruments.version,
                              lambda: self.instruments.native_version)
         self._start_multirank(cb, port)

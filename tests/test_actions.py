@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfotel.actions.engine import ActionEngine, Plateau
+from mfotel.alerting.auth import WebhookAuth
 from mfotel.alerting.receiver import AlertsReceiver, ReceivedAlert
 from mfotel.config import ConfigError, PlateauRule, parse_config
 from mfotel.actions.control import (CONTROL_FILE, SCHEDULE_FILE, AlertControl, FileWatch, Request,
@@ -239,9 +240,13 @@ def test_nonfinite_rule_fires_when_the_loss_turns_nonfinite(tmp_path):
 
 
 # ---------------------------------------------------------------- alerts -> control
-def alert(status="firing", name="MindFormersLossNotFinite", job="llama", rank="0"):
-    return ReceivedAlert(status=status, labels={"alertname": name, "job_name": job, "rank": rank},
-                         annotations={})
+def alert(status="firing", name="MindFormersLossNotFinite", job="llama", rank="0",
+          starts_at="2025-01-01T00:00:00Z"):
+    """An alert as Alertmanager sends it: its fingerprint hashes its labels, and startsAt
+    tells one firing episode from the next."""
+    labels = {"alertname": name, "job_name": job, "rank": rank}
+    return ReceivedAlert(status=status, labels=labels, annotations={}, starts_at=starts_at,
+                         fingerprint=f"fp-{name}-{job}-{rank}")
 
 
 def test_alert_control_acts_once_per_firing_alert_of_a_job(tmp_path):
@@ -254,7 +259,9 @@ def test_alert_control_acts_once_per_firing_alert_of_a_job(tmp_path):
     assert control.handle(alert(rank="1")) is None           # another rank, same alert
     assert control.handle(alert(name="MindFormersLossSpike")) is None  # not allow-listed
     assert control.handle(alert(status="resolved")) is None
-    assert control.handle(alert()) is not None               # fires again after resolving
+    assert control.handle(alert(rank="1", status="resolved")) is None
+    again = "2025-01-01T01:00:00Z"                            # a new episode fires
+    assert control.handle(alert(starts_at=again)) is not None
     assert len(control.written) == 2
 
 
@@ -275,9 +282,15 @@ def test_alert_control_validates_at_construction():
         AlertControl("/x", [])
 
 
-def post_json(url: str, body: dict) -> int:
+TOKEN = "test-token-7f3a"
+
+
+def post_json(url: str, body: dict, token: str | None = TOKEN) -> int:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
     with urllib.request.urlopen(request, timeout=5) as response:
         return response.status
 
@@ -294,7 +307,8 @@ def webhook(status: str = "firing", job: str = "llama") -> dict:
 def test_receiver_with_control_writes_the_jobs_control_file(tmp_path):
     (tmp_path / "llama").mkdir()
     control = AlertControl(str(tmp_path / "{job_name}"), ["MindFormersLossNotFinite"], out=None)
-    with AlertsReceiver(port=0, out=None, control=control) as receiver:
+    with AlertsReceiver(port=0, out=None, control=control,
+                        auth=WebhookAuth(bearer_token=TOKEN.encode())) as receiver:
         assert post_json(receiver.url, webhook()) == 200
         assert post_json(receiver.url, webhook()) == 200      # a repeat notification
     data = json.loads((tmp_path / "llama" / CONTROL_FILE).read_text())
@@ -304,10 +318,12 @@ def test_receiver_with_control_writes_the_jobs_control_file(tmp_path):
 
 def test_receiver_command_line_control_option(tmp_path):
     (tmp_path / "llama").mkdir()
+    (tmp_path / "token").write_text(TOKEN + "\n")   # trailing newline trimmed, as Alertmanager does
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mfotel.alerting.receiver", "--port", str(port),
                              "--control-dir", str(tmp_path), "--control-action", "scale_lr",
-                             "--control-factor", "0.5"],
+                             "--control-factor", "0.5",
+                             "--bearer-token-file", str(tmp_path / "token")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}/alerts"

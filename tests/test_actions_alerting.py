@@ -1,9 +1,11 @@
 """End to end: NaN -> Prometheus rule -> Alertmanager -> receiver -> control file -> run stops.
 
 The real binaries run the shipped prometheus.yml, alertmanager.yml and prometheus/rules with
-the intervals shortened (mfotel.alerting_demo.AlertingStack: 1 s scrape and evaluation, no
-group_wait). The run is configured to continue on NaN (on_nonfinite: warn); only the page can
-stop it. The test prints how many steps (and seconds) ran between the NaN and the stop.
+the intervals shortened (mfotel.demo.alerting.AlertingStack: 1 s scrape and evaluation, no
+group_wait). Alertmanager authenticates to the receiver with a bearer token from a file, as a
+receiver that acts requires. The run is configured to continue on NaN (on_nonfinite: warn);
+only the page can stop it. The test prints how many steps (and seconds) ran between the NaN
+and the stop.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from mfotel.alerting.auth import alertmanager_http_config, load_auth
 from mfotel.demo.alerting import AlertingStack
 from mfotel.actions.control import SCHEDULE_FILE, AlertControl
 from mfotel.demo.stack import free_port
@@ -36,7 +39,11 @@ def test_nan_page_stops_the_run_through_the_control_file(tmp_path: Path, monkeyp
     from mfotel.demo.training import run_demo
     monkeypatch.chdir(tmp_path)
     port = free_port()
-    stack = AlertingStack([f"127.0.0.1:{port}"], out=None, workdir=tmp_path / "stack")
+    token = tmp_path / "receiver-token"
+    token.write_text("e2e-token-0b1d\n")
+    stack = AlertingStack([f"127.0.0.1:{port}"], out=None, workdir=tmp_path / "stack",
+                          receiver_auth=load_auth(bearer_token_file=str(token)),
+                          webhook_http_config=alertmanager_http_config(str(token)))
     stack.receiver.control = AlertControl(str(tmp_path / "ctl" / "{job_name}"),
                                           ["MindFormersLossNotFinite"], out=None)
     ended: dict[int, float] = {}
@@ -66,3 +73,4 @@ def test_nan_page_stops_the_run_through_the_control_file(tmp_path: Path, monkeyp
     assert (scheduled["action"], scheduled["source"], scheduled["step"]) == ("stop", "alert", stop)
     assert "MindFormersLossNotFinite" in scheduled["reason"]
     assert stack.receiver.control.written == [tmp_path / "ctl" / JOB / "control.json"]
+    assert not stack.receiver.rejected   # every notification carried the token

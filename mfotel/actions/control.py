@@ -12,18 +12,27 @@ creates it at train begin. Two files, each with one writer, each replaced atomic
   schedule.json  written by rank 0 only: every request it accepted, with the global step at
                  which every rank applies it (mfotel.actions.engine)
 
+Training reads these files after every step, so reading must never block or balloon: only
+regular files are opened (a FIFO, device, socket or directory at the path is reported, never
+read), without blocking (`O_NONBLOCK`, the type checked again on the open descriptor), and at
+most `CONTROL_MAX_BYTES` / `SCHEDULE_MAX_BYTES` are read.
+
 No MindSpore import here: the CLI and the alerts receiver run anywhere.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import re
+import stat
 import sys
 import tempfile
 import time
 import uuid
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence, TextIO
@@ -34,6 +43,9 @@ REQUEST_ACTIONS = ("stop", "scale_lr", "warn")
 #: Values of the `source` label of mindformers_train_actions_total.
 SOURCES = ("plateau", "nonfinite", "control", "alert")
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+CONTROL_MAX_BYTES = 64 * 1024
+SCHEDULE_MAX_BYTES = 8 * 1024 * 1024
+MAX_ID_CHARS, MAX_REASON_CHARS = 64, 1000
 
 
 @dataclass(frozen=True)
@@ -49,39 +61,87 @@ class Request:
     step: int | None = None      # the global step after which every rank applies it
 
     def describe(self) -> str:
+        """One line for logs (the reason may come from a file: line breaks are escaped)."""
         what = f"scale_lr x{self.factor:g}" if self.action == "scale_lr" else self.action
-        return f"{what} (source {self.source}{': ' + self.reason if self.reason else ''})"
+        reason = _one_line(self.reason)
+        return f"{what} (source {self.source}{': ' + reason if reason else ''})"
 
     @classmethod
     def from_json(cls, data: Any) -> "Request":
-        """Request from parsed JSON; ValueError naming what is wrong."""
+        """Request from parsed JSON; ValueError (only) naming what is wrong."""
         if not isinstance(data, dict):
-            raise ValueError(f"a request must be a JSON object, not {type(data).__name__}")
+            raise ValueError(f"a request must be a JSON object, not {_json_kind(data)}")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        if not isinstance(known.get("id"), str) or not known["id"]:
-            raise ValueError("the request has no id")
+        request_id = known.get("id")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("the request has no id (a non-empty string)")
+        if len(request_id) > MAX_ID_CHARS or not request_id.isprintable():
+            raise ValueError(f"id {_short(request_id[:MAX_ID_CHARS])}: at most "
+                             f"{MAX_ID_CHARS} printable characters")
+        reason = known.get("reason", "")
+        if not isinstance(reason, str):
+            raise ValueError(f"reason: a string, not {_json_kind(reason)}")
+        created = _finite(known.get("created", 0.0), "created (unix seconds)")
         return new_request(known.get("action"), known.get("factor"), known.get("source", "control"),
-                           str(known.get("reason", "")), request_id=known["id"],
-                           created=float(known.get("created", 0.0)), step=known.get("step"))
+                           reason[:MAX_REASON_CHARS], request_id=request_id, created=created,
+                           step=known.get("step"))
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
+
+
+def _one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped (one log line)."""
+    return text if text.isprintable() else "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def _short(value: Any) -> str:
+    """`repr(value)` for a message: one line, at most 40 characters, safe for huge integers."""
+    try:
+        text = repr(value)
+    except ValueError:   # an integer too long to print (sys.get_int_max_str_digits)
+        return "a number with thousands of digits"
+    return _one_line(text[:40])
+
+
+def _finite(value: Any, what: str) -> float:
+    """`value` as a finite float; ValueError naming `what` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what}: a number, not {_json_kind(value)}")
+    try:
+        number = float(value)
+    except OverflowError:   # an integer with hundreds of digits
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"{what}: a finite number, not {_short(value)}")
+    return number
 
 
 def new_request(action: Any, factor: Any = None, source: str = "control", reason: str = "",
                 request_id: str | None = None, created: float | None = None,
                 step: Any = None) -> Request:
     """A validated Request; ValueError for an unknown action, a bad factor or source."""
-    if action not in REQUEST_ACTIONS:
-        raise ValueError(f"action {action!r} is not one of {', '.join(REQUEST_ACTIONS)}")
+    if not isinstance(action, str) or action not in REQUEST_ACTIONS:
+        raise ValueError(f"action {_short(action)} is not one of "
+                         f"{', '.join(REQUEST_ACTIONS)}")
     if action == "scale_lr":
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0 \
-                or factor == float("inf"):
-            raise ValueError(f"scale_lr needs a positive factor, not {factor!r}")
-        factor = float(factor)
+        try:
+            number = _finite(factor, "factor")
+        except ValueError:
+            number = -1.0
+        if not number > 0:
+            raise ValueError(f"scale_lr needs a positive factor, not {_short(factor)}")
+        factor = number
     else:
         factor = None
-    if source not in SOURCES:
-        raise ValueError(f"source {source!r} is not one of {', '.join(SOURCES)}")
+    if not isinstance(source, str) or source not in SOURCES:
+        raise ValueError(f"source {_short(source)} is not one of "
+                         f"{', '.join(SOURCES)}")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise ValueError(f"step {step!r} is not a step number")
+        raise ValueError(f"step {_short(step)} is not a step number")
     return Request(request_id or uuid.uuid4().hex[:12], action, factor, source, reason,
                    time.time() if created is None else created, step)
 
@@ -126,37 +186,104 @@ def parse_schedule(data: Any) -> list[Request]:
     return [Request.from_json(item) for item in data["actions"]]
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+class NotRegularFile(ValueError):
+    """A path that must hold a regular file holds something else (or too much)."""
+
+
+def _check_regular(path: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise NotRegularFile(f"{path} is {kind}, not a regular file: not read. Fix: remove it; "
+                             f"mfotel and `mfotel control` write regular files there")
+
+
+def read_regular_file(path: str, limit: int, st: os.stat_result | None = None) -> bytes:
+    """The bytes of the regular file at `path` (symlinks followed), never blocking.
+
+    FileNotFoundError when missing, NotRegularFile for a FIFO, device, socket or directory (or
+    more than `limit` bytes), OSError otherwise. `st`: a stat of `path` the caller already has.
+    """
+    _check_regular(path, (os.stat(path) if st is None else st).st_mode)  # devices: never opened
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        _check_regular(path, os.fstat(fd).st_mode)  # replaced between the stat and the open
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise NotRegularFile(f"{path} is larger than {limit} bytes: not read. Fix: remove it")
+    return b"".join(chunks)
+
+
+def parse_json_bytes(data: bytes, path: str) -> Any:
+    """Parsed JSON; ValueError naming `path` for bytes that are not (UTF-8) JSON."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON (nested too deeply)") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # also integers too long to convert
+        raise ValueError(f"{path} is not valid JSON ({_one_line(str(exc))[:200]})") from None
+
+
 class FileWatch:
     """Reads a JSON file again only when it was replaced or changed: one stat() per poll.
 
-        watch = FileWatch(job_dir / "control.json")
-        changed, data = watch.poll()   # data is None when the file is missing
+        watch = FileWatch(job_dir / "control.json", CONTROL_MAX_BYTES)
+        changed, data = watch.poll()   # data: a dict, or None when the file is missing
+
+    Never blocks: see read_regular_file. A problem (not a JSON object, not a regular file,
+    too large, unreadable) raises ValueError once, then the file is ignored until it changes.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, limit: int = CONTROL_MAX_BYTES) -> None:
+        self.path, self.limit = path, limit
         self._fspath = os.fspath(path)  # a str stats faster than a Path
-        self._signature: tuple[int, int, int] | None = None
+        self._signature: tuple[int, ...] | None = None
 
     def poll(self) -> tuple[bool, Any]:
-        """(changed, parsed JSON or None); ValueError for a file that is not JSON."""
+        """(changed, parsed JSON object or None); ValueError (once per change) for a bad file."""
         try:
             st = os.stat(self._fspath)
         except FileNotFoundError:
             changed, self._signature = self._signature is not None, None
             return changed, None
-        signature = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError as exc:  # permissions, a file where the directory was, a symlink loop
+            return self._failed((-1, exc.errno or 0), f"{self.path}: cannot stat "
+                                f"({exc.strerror or exc})")
+        signature = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
         if signature == self._signature:
             return False, None
         self._signature = signature
         try:
-            with open(self.path, encoding="utf-8") as handle:
-                return True, json.load(handle)
+            data = read_regular_file(self._fspath, self.limit, st)
         except FileNotFoundError:  # replaced between stat and open: the next poll reads it
             self._signature = None
             return False, None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{self.path} is not valid JSON ({exc})") from None
+        except NotRegularFile as exc:
+            raise ValueError(str(exc)) from None
+        except OSError as exc:
+            raise ValueError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
+        parsed = parse_json_bytes(data, self._fspath)
+        if not isinstance(parsed, dict):  # both files hold an object; None means "no file"
+            raise ValueError(f"{self.path} holds {_json_kind(parsed)}, not a JSON object")
+        return True, parsed
+
+    def _failed(self, signature: tuple[int, ...], message: str) -> tuple[bool, Any]:
+        if signature == self._signature:
+            return False, None
+        self._signature = signature
+        raise ValueError(message)
 
 
 # ---------------------------------------------------------------- alerts -> control
@@ -172,37 +299,73 @@ def job_dir_for(control_dir: str, job_name: str) -> Path:
     return Path(template.format(job_name=job_name)).expanduser().absolute()
 
 
+#: Bounds on what AlertControl remembers, so a stream of made-up alerts cannot grow it forever.
+MAX_REMEMBERED = 10_000
+
+
 class AlertControl:
     """Turns a firing, allow-listed alert into a control request for the job in its labels.
 
         control = AlertControl("/shared/mfotel-control/{job_name}", ["MindFormersLossNotFinite"])
-        control.handle(alert)   # an mfotel.alerts_receiver.ReceivedAlert
+        control.handle(alert)   # an mfotel.alerting.webhook.ReceivedAlert
 
-    One request per (job_name, alertname) until that alert is resolved, so repeated
-    notifications and one alert per rank act once. Jobs without a control directory (not
-    using the control channel) are left alone.
+    Acts at most once per episode and a few times per job and hour, so neither Alertmanager's
+    repeats nor a replayed or flapping alert can compound (ten fire/resolve pairs must not
+    scale the lr by 2^-10):
+    - one request per (job_name, alertname) while any alert of that pair fires: one alert per
+      rank, and repeated notifications, act once;
+    - one request per alert episode (fingerprint, startsAt): a replayed notification of an
+      episode that already acted (even after it resolved) does nothing;
+    - at most `max_actions` requests per job in any `window_seconds`; further ones are
+      refused and printed.
+    Jobs without a control directory (not using the control channel) are left alone.
     """
 
     def __init__(self, control_dir: str, alert_names: Sequence[str], action: str = "stop",
-                 factor: float | None = None, out: TextIO | None = sys.stdout) -> None:
+                 factor: float | None = None, out: TextIO | None = sys.stdout,
+                 max_actions: int = 3, window_seconds: float = 3600.0) -> None:
         new_request(action, factor, "alert")  # validate now, not at the first page
         if not alert_names:
             raise ValueError("give at least one alert name to act on")
+        if max_actions < 1 or not window_seconds > 0:
+            raise ValueError("--control-max-actions must be >= 1 and --control-window-seconds > 0")
         self.control_dir, self.alert_names = control_dir, frozenset(alert_names)
         self.action, self.factor, self.out = action, factor, out
+        self.max_actions, self.window_seconds = max_actions, window_seconds
         self.written: list[Path] = []
-        self._active: set[tuple[str, str]] = set()
+        self.refused = 0   # requests not written because of the per-job bound
+        self._firing: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
+        self._episodes: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._acted: OrderedDict[str, deque[float]] = OrderedDict()
 
-    def handle(self, alert: Any) -> Path | None:
+    def handle(self, alert: Any, now: float | None = None) -> Path | None:
         """Write a request for `alert` when it qualifies; the control file written, or None."""
         job_name, name = alert.labels.get("job_name", ""), alert.alertname
         if name not in self.alert_names or not job_name:
             return None
-        key = (job_name, name)
+        key, ident = (job_name, name), alert.fingerprint or _label_fingerprint(alert.labels)
+        firing = self._firing.get(key, set())
         if not alert.firing:
-            self._active.discard(key)
+            firing.discard(ident)
+            if not firing:
+                self._firing.pop(key, None)
             return None
-        if key in self._active:
+        episode = (ident, alert.starts_at)
+        if episode in self._episodes:
+            return None           # a repeat, or a replay of an episode that acted
+        if firing:                # another rank's alert of this episode acted already
+            self._remember(key, ident, episode)
+            return None
+        now = time.time() if now is None else now
+        recent = self._acted.get(job_name, deque())
+        while recent and recent[0] <= now - self.window_seconds:
+            recent.popleft()
+        if len(recent) >= self.max_actions:
+            self.refused += 1
+            self._remember(key, ident, episode)
+            self._say(f"control: not acting on {name} for job {job_name}: {len(recent)} "
+                      f"actions in the last {self.window_seconds:g} s already "
+                      f"(--control-max-actions {self.max_actions})")
             return None
         try:
             job_dir = job_dir_for(self.control_dir, job_name)
@@ -211,15 +374,34 @@ class AlertControl:
         except (ValueError, OSError) as exc:
             self._say(f"control: not acting on {name} for job {job_name!r}: {exc}")
             return None
-        self._active.add(key)
+        self._remember(key, ident, episode)
+        recent.append(now)
+        self._acted[job_name] = recent
+        _bound(self._acted)
         self.written.append(path)
         self._say(f"control: {name} -> {self.action} requested for job {job_name} ({path})")
         return path
 
+    def _remember(self, key: tuple[str, str], ident: str, episode: tuple[str, str]) -> None:
+        self._firing.setdefault(key, set()).add(ident)
+        self._episodes[episode] = None
+        _bound(self._firing)
+        _bound(self._episodes)
+
     def _say(self, text: str) -> None:
         if self.out is not None:
-            self.out.write(f"mfotel alerts-receiver: {text}\n")
+            self.out.write(f"mfotel alerts-receiver: {_one_line(text)}\n")
             self.out.flush()
+
+
+def _bound(items: OrderedDict) -> None:
+    while len(items) > MAX_REMEMBERED:
+        items.popitem(last=False)
+
+
+def _label_fingerprint(labels: dict[str, str]) -> str:
+    """A stand-in for Alertmanager's fingerprint when a sender gives none."""
+    return hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def add_alert_control_arguments(parser: argparse.ArgumentParser) -> None:
@@ -234,6 +416,11 @@ def add_alert_control_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--control-action", choices=("stop", "scale_lr"), default="stop")
     group.add_argument("--control-factor", type=float, default=None,
                        help="learning-rate multiplier for --control-action scale_lr")
+    group.add_argument("--control-max-actions", type=int, default=3, metavar="N",
+                       help="at most N actions per job in any --control-window-seconds "
+                            "(default: %(default)s)")
+    group.add_argument("--control-window-seconds", type=float, default=3600.0, metavar="S",
+                       help="the window of --control-max-actions (default: %(default)s)")
 
 
 def alert_control_from_args(args: argparse.Namespace, out: TextIO | None = sys.stdout
@@ -241,15 +428,24 @@ def alert_control_from_args(args: argparse.Namespace, out: TextIO | None = sys.s
     if not getattr(args, "control_dir", None):
         return None
     return AlertControl(args.control_dir, args.control_alerts, args.control_action,
-                        args.control_factor, out)
+                        args.control_factor, out, args.control_max_actions,
+                        args.control_window_seconds)
 
 
 # ---------------------------------------------------------------- command line
 def _show(job_dir: Path) -> int:
-    for name in (CONTROL_FILE, SCHEDULE_FILE):
+    for name, limit in ((CONTROL_FILE, CONTROL_MAX_BYTES), (SCHEDULE_FILE, SCHEDULE_MAX_BYTES)):
         path = job_dir / name
         print(f"# {path}")
-        print(path.read_text().rstrip() if path.exists() else "(none)")
+        try:
+            text = read_regular_file(os.fspath(path), limit).decode("utf-8", "replace").rstrip()
+        except FileNotFoundError:
+            text = "(none)"
+        except OSError as exc:
+            text = f"(cannot read: {exc.strerror or exc})"
+        except NotRegularFile as exc:
+            text = f"({exc})"
+        print(text)
     return 0
 
 

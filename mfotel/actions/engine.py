@@ -13,6 +13,11 @@ must not diverge. It applies a decision at once when it is alone; with several r
 it to `schedule.json` with a step `lead_steps` ahead, and every rank (rank 0 included) applies
 it after that step. Each rank logs each applied action once and counts it in
 `mindformers_train_actions_total{action,source}`.
+
+Nothing in the control directory can stop or stall training by itself: a file that cannot be
+read or written (a FIFO, a directory, garbage, a full disk) is warned about once, counted
+through `on_error("control")` (mfotel_export_errors_total{stage="control"}), and ignored until
+it changes.
 """
 from __future__ import annotations
 
@@ -20,11 +25,11 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..config import ActionsConfig, ConfigError, PlateauRule
-from .control import (CONTROL_FILE, SCHEDULE_FILE, FileWatch, Request, new_request,
-                      parse_schedule, write_schedule)
+from .control import (CONTROL_FILE, CONTROL_MAX_BYTES, SCHEDULE_FILE, SCHEDULE_MAX_BYTES,
+                      FileWatch, Request, new_request, parse_schedule, write_schedule)
 
 log = logging.getLogger("mfotel")
 
@@ -56,9 +61,15 @@ class Plateau:
 class ActionEngine:
     """Decides (rank 0), schedules and applies actions; see the module docstring."""
 
+    #: Stage label of mfotel_export_errors_total for control-file problems.
+    ERROR_STAGE = "control"
+    MAX_WARNINGS = 10
+
     def __init__(self, cfg: ActionsConfig, job_name: str, rank: int = 0,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, on_error: Callable[[str], None] | None = None) -> None:
         self.cfg, self.job_name, self.rank, self.world_size = cfg, job_name, rank, world_size
+        self.on_error = on_error  # called with ERROR_STAGE for every swallowed file problem
+        self.errors = 0
         self.leader = rank == 0
         self.job_dir: Path | None = cfg.resolved_control_dir(job_name)
         self.plateau = Plateau(cfg.plateau) if cfg.plateau else None
@@ -68,8 +79,10 @@ class ActionEngine:
         self._ignored: set[str] = set()   # request ids from before this run
         self._done: set[str] = set()
         self._loss_was_finite = True
-        self._control = FileWatch(self.job_dir / CONTROL_FILE) if self.job_dir else None
-        self._schedule_watch = FileWatch(self.job_dir / SCHEDULE_FILE) if self.job_dir else None
+        self._control = FileWatch(self.job_dir / CONTROL_FILE, CONTROL_MAX_BYTES) \
+            if self.job_dir else None
+        self._schedule_watch = FileWatch(self.job_dir / SCHEDULE_FILE, SCHEDULE_MAX_BYTES) \
+            if self.job_dir else None
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------ start
@@ -159,8 +172,7 @@ class ActionEngine:
                 try:
                     request = Request.from_json(data)
                 except ValueError as exc:
-                    self._warn_once(f"control:{exc}",
-                                    f"mfotel: ignoring {self._control.path}: {exc}")
+                    self._file_problem(f"mfotel: ignoring {self._control.path}: {exc}")
                 else:
                     known = self._ignored | {r.id for r in self._schedule}
                     if request.id not in known:
@@ -172,7 +184,12 @@ class ActionEngine:
         scheduled = dataclasses.replace(request, step=step + lead)
         self._schedule.append(scheduled)
         if self.job_dir is not None:
-            write_schedule(self.job_dir, self._schedule)
+            try:
+                write_schedule(self.job_dir, self._schedule)
+            except OSError as exc:  # rank 0 still applies it; the others cannot learn it
+                self._file_problem(f"mfotel: cannot write {self.job_dir / SCHEDULE_FILE} "
+                                   f"({exc.strerror or exc}); the other ranks will not apply "
+                                   f"{request.describe()}")
         if lead:
             log.warning("mfotel: step %d: rank 0 scheduled %s for step %d on all %d ranks",
                         step, request.describe(), step + lead, self.world_size)
@@ -181,7 +198,7 @@ class ActionEngine:
         try:
             scheduled = parse_schedule(data)
         except ValueError as exc:
-            self._warn_once(f"schedule:{exc}", f"mfotel: ignoring {SCHEDULE_FILE}: {exc}")
+            self._file_problem(f"mfotel: ignoring {SCHEDULE_FILE}: {exc}")
             return
         known = {r.id for r in self._schedule}
         self._schedule += [r for r in scheduled if r.id not in known and r.id not in self._ignored]
@@ -212,7 +229,7 @@ class ActionEngine:
         try:
             return watch.poll()[1]
         except ValueError as exc:
-            self._warn_once(f"poll:{exc}", f"mfotel: {exc}; ignored until it changes")
+            self._file_problem(f"mfotel: {exc}; ignored until it changes")
             return None
 
     def _poll_schedule(self) -> tuple[bool, Any]:
@@ -220,7 +237,7 @@ class ActionEngine:
         try:
             return self._schedule_watch.poll()
         except ValueError as exc:
-            self._warn_once(f"poll:{exc}", f"mfotel: {exc}; ignored until it changes")
+            self._file_problem(f"mfotel: {exc}; ignored until it changes")
             return False, None
 
     def _read_schedule(self) -> list[Request]:
@@ -232,7 +249,13 @@ class ActionEngine:
         except ValueError:
             return []
 
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message)
+    def _file_problem(self, message: str) -> None:
+        """Count a control-file problem; warn once per distinct problem, at most MAX_WARNINGS
+        times in all (a file rewritten with garbage in a loop must not flood the log)."""
+        self.errors += 1
+        if self.on_error is not None:
+            self.on_error(self.ERROR_STAGE)
+        if message not in self._warned and len(self._warned) < self.MAX_WARNINGS:
+            self._warned.add(message)
+            log.warning("%s (control-file problems are counted in "
+                        "mfotel_export_errors_total{stage=\"%s\"})", message, self.ERROR_STAGE)

@@ -25,6 +25,7 @@ from typing import Any, Sequence, TextIO
 import yaml
 
 from ..alerting import rules as rules_module
+from ..alerting.auth import WebhookAuth
 from ..alerting.receiver import AlertsReceiver, ReceivedAlert
 from ..assets import alertmanager_files, prometheus_files, rule_files, write_files
 from .stack import (ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, Alertmanager, Prometheus,
@@ -82,8 +83,10 @@ def loopback_prometheus_config(text: str, targets: Sequence[str], alertmanager: 
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def loopback_alertmanager_config(text: str, webhook_url: str) -> str:
-    """The shipped alertmanager.yml with every webhook sent to `webhook_url`, no waiting."""
+def loopback_alertmanager_config(text: str, webhook_url: str,
+                                 http_config: dict[str, Any] | None = None) -> str:
+    """The shipped alertmanager.yml with every webhook sent to `webhook_url`, no waiting
+    (and with `http_config`, e.g. the receiver's credentials, on every webhook)."""
     config = yaml.safe_load(text)
 
     def fast(route: dict[str, Any]) -> None:
@@ -95,6 +98,8 @@ def loopback_alertmanager_config(text: str, webhook_url: str) -> str:
     for receiver in config["receivers"]:
         for webhook in receiver.get("webhook_configs", []):
             webhook["url"] = webhook_url
+            if http_config:
+                webhook["http_config"] = http_config
     return yaml.safe_dump(config, sort_keys=False)
 
 
@@ -119,7 +124,11 @@ class AlertingStack:
 
     def __init__(self, targets: Sequence[str], interval_seconds: float = 1.0,
                  out: TextIO | None = sys.stdout, workdir: str | Path | None = None,
-                 jsonl_path: str | Path | None = None, verbose: bool = False) -> None:
+                 jsonl_path: str | Path | None = None, verbose: bool = False,
+                 receiver_auth: WebhookAuth | None = None,
+                 webhook_http_config: dict[str, Any] | None = None) -> None:
+        """`receiver_auth`: credentials the receiver requires; `webhook_http_config`: what
+        Alertmanager sends them with (mfotel.alerting.auth.alertmanager_http_config)."""
         check_binaries()
         self.files = shipped_files()
         self.targets = list(targets)
@@ -127,7 +136,9 @@ class AlertingStack:
         self.for_factor = interval_seconds / SHIPPED_SCRAPE_SECONDS
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="mfotel-alerting-"))
-        self.receiver = AlertsReceiver(port=0, out=out, jsonl_path=jsonl_path, verbose=verbose)
+        self.receiver = AlertsReceiver(port=0, out=out, jsonl_path=jsonl_path, verbose=verbose,
+                                       auth=receiver_auth)
+        self.webhook_http_config = webhook_http_config
         self.alertmanager: Alertmanager | None = None
         self.prometheus: Prometheus | None = None
 
@@ -137,7 +148,8 @@ class AlertingStack:
             am_dir = self.workdir / "alertmanager"
             write_files(alertmanager_files(), am_dir)  # the templates beside the config
             self.alertmanager = Alertmanager(
-                loopback_alertmanager_config(self.files["alertmanager"], self.receiver.url),
+                loopback_alertmanager_config(self.files["alertmanager"], self.receiver.url,
+                                             self.webhook_http_config),
                 workdir=am_dir).start()
             rules_dir = self.workdir / "rules"
             rules_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,172 @@
+"""Who may post to the alerts receiver: the credentials Alertmanager's webhook `http_config` sends.
+
+| receiver option (secret from a file or the environment) | Alertmanager `webhook_configs[].http_config` |
+|---|---|
+| `--bearer-token-file FILE` or `$MFOTEL_RECEIVER_BEARER_TOKEN` | `authorization: {credentials_file: FILE}` |
+| `--basic-auth-username U` + `--basic-auth-password-file FILE` or `$MFOTEL_RECEIVER_BASIC_AUTH_PASSWORD` | `basic_auth: {username: U, password_file: FILE}` |
+
+Secrets never come from the command line (`ps` shows it) and are never printed. Files are read
+as Alertmanager reads them (surrounding whitespace trimmed). Comparisons take the same time
+whatever the guess (`hmac.compare_digest` of SHA-256 digests, so lengths do not leak either).
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..actions.control import read_regular_file
+
+TOKEN_ENV = "MFOTEL_RECEIVER_BEARER_TOKEN"
+PASSWORD_ENV = "MFOTEL_RECEIVER_BASIC_AUTH_PASSWORD"
+MAX_SECRET_BYTES = 64 * 1024
+
+
+class AuthSetupError(ValueError):
+    """The receiver's credentials are misconfigured; the message names the option and the fix."""
+
+
+def _digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()
+
+
+@dataclass(frozen=True, repr=False)
+class WebhookAuth:
+    """Accepted credentials; `allows(authorization_header)` checks a request in constant time."""
+
+    bearer_token: bytes | None = None
+    username: str | None = None
+    password: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.bearer_token is None and self.password is None:
+            raise AuthSetupError("no credentials: give a bearer token or a basic-auth password")
+        if (self.username is None) != (self.password is None):
+            raise AuthSetupError("basic auth needs both a username and a password")
+
+    def __repr__(self) -> str:  # never show the secrets (tracebacks, debuggers, logs)
+        kinds = [k for k, v in (("bearer", self.bearer_token), ("basic", self.password)) if v]
+        return f"WebhookAuth({'+'.join(kinds)})"
+
+    @property
+    def schemes(self) -> list[str]:
+        """`Bearer` and/or `Basic`, for the WWW-Authenticate header and messages."""
+        return [s for s, v in (("Bearer", self.bearer_token), ("Basic", self.password)) if v]
+
+    def allows(self, header: str | None) -> bool:
+        """Whether an `Authorization` header carries the configured credentials."""
+        scheme, _, value = (header or "").strip().partition(" ")
+        given = value.strip().encode("utf-8", "surrogateescape")
+        ok = False
+        if self.bearer_token is not None:
+            ok |= scheme.lower() == "bearer" and hmac.compare_digest(
+                _digest(given), _digest(self.bearer_token))
+        if self.password is not None:
+            try:
+                user, _, password = base64.b64decode(given, validate=True).partition(b":")
+            except (binascii.Error, ValueError):
+                user, password = b"", b""
+            user_ok = hmac.compare_digest(_digest(user), _digest(self.username.encode()))
+            password_ok = hmac.compare_digest(_digest(password), _digest(self.password))
+            ok |= scheme.lower() == "basic" and user_ok and password_ok
+        return ok
+
+
+def read_secret(path: str | Path, option: str) -> bytes:
+    """A secret file's content, trimmed as Alertmanager trims it; AuthSetupError if unusable."""
+    try:
+        data = read_regular_file(os.fspath(path), MAX_SECRET_BYTES)
+    except FileNotFoundError:
+        raise AuthSetupError(f"{option} {path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise AuthSetupError(f"{option} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    secret = data.strip()
+    if not secret:
+        raise AuthSetupError(f"{option} {path}: the file is empty; write the secret into it")
+    return secret
+
+
+def _from_env(environ: Mapping[str, str], name: str) -> bytes | None:
+    value = environ.get(name, "").strip()
+    return value.encode() if value else None
+
+
+def load_auth(bearer_token_file: str | None = None, basic_auth_username: str | None = None,
+              basic_auth_password_file: str | None = None,
+              environ: Mapping[str, str] = os.environ) -> WebhookAuth | None:
+    """Credentials from files and the environment; None if none are given.
+
+        auth = load_auth(bearer_token_file="/etc/mfotel/receiver-token")
+    """
+    token = _from_env(environ, TOKEN_ENV)
+    if bearer_token_file:
+        if token is not None:
+            raise AuthSetupError(f"both --bearer-token-file and ${TOKEN_ENV} are set: keep one")
+        token = read_secret(bearer_token_file, "--bearer-token-file")
+    password = _from_env(environ, PASSWORD_ENV)
+    if basic_auth_password_file:
+        if password is not None:
+            raise AuthSetupError(f"both --basic-auth-password-file and ${PASSWORD_ENV} are "
+                                 f"set: keep one")
+        password = read_secret(basic_auth_password_file, "--basic-auth-password-file")
+    if (basic_auth_username is None) != (password is None):
+        raise AuthSetupError("basic auth needs --basic-auth-username and a password "
+                             f"(--basic-auth-password-file or ${PASSWORD_ENV})")
+    if token is None and password is None:
+        return None
+    return WebhookAuth(token, basic_auth_username, password)
+
+
+def auth_from_args(args: argparse.Namespace,
+                   environ: Mapping[str, str] = os.environ) -> WebhookAuth | None:
+    """Credentials from the `add_auth_arguments` options (see load_auth)."""
+    return load_auth(args.bearer_token_file, args.basic_auth_username,
+                     args.basic_auth_password_file, environ)
+
+
+def world_readable(path: str | Path | None) -> bool:
+    """Whether other users may read the secret file (worth a warning, like ssh gives)."""
+    try:
+        return path is not None and bool(os.stat(path).st_mode & stat.S_IROTH)
+    except OSError:
+        return False
+
+
+def alertmanager_http_config(credentials_file: str | None = None, username: str | None = None,
+                             password_file: str | None = None,
+                             ca_file: str | None = None) -> dict[str, Any]:
+    """The `http_config` of an Alertmanager webhook that authenticates to this receiver."""
+    config: dict[str, Any] = {}
+    if credentials_file:
+        config["authorization"] = {"type": "Bearer", "credentials_file": credentials_file}
+    if username:
+        config["basic_auth"] = {"username": username, "password_file": password_file}
+    if ca_file:
+        config["tls_config"] = {"ca_file": ca_file}
+    return config
+
+
+def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "authentication (required with --control-dir; secrets from files or the environment, "
+        "never the command line)")
+    group.add_argument("--bearer-token-file", metavar="FILE",
+                       help="accept `Authorization: Bearer <token>` with the token in FILE "
+                            f"(or ${TOKEN_ENV}); Alertmanager: http_config.authorization."
+                            "credentials_file")
+    group.add_argument("--basic-auth-username", metavar="NAME",
+                       help="accept HTTP basic auth as NAME; Alertmanager: http_config."
+                            "basic_auth.username")
+    group.add_argument("--basic-auth-password-file", metavar="FILE",
+                       help=f"the basic-auth password (or ${PASSWORD_ENV}); Alertmanager: "
+                            "http_config.basic_auth.password_file")
+    group.add_argument("--insecure-no-auth", action="store_true",
+                       help="let --control-dir act on webhooks from anyone who can reach the "
+                            "port (only on a network you fully trust)")
