@@ -9,7 +9,6 @@ install command; they are never skipped.
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -133,18 +132,18 @@ def test_shipped_prometheus_yml_loads_with_only_the_intervals_lowered(tmp_path: 
     promtool = find_binary(("promtool",))
     assert promtool, "promtool not found on PATH; install it: apt-get install prometheus"
     files = shipped_files()
-    config = yaml.safe_load(files["prometheus"].read_text())
+    config = yaml.safe_load(files["prometheus"])
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     (tmp_path / "rules").mkdir()
-    for key in ("recording", "alerts"):
-        shutil.copy(files[key], tmp_path / "rules" / files[key].name)
+    for key, name in (("recording", rules.RECORDING_FILE), ("alerts", rules.ALERTS_FILE)):
+        (tmp_path / "rules" / name).write_text(files[key])
     result = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     # and what the demo and the benchmark run differs from it in targets and addresses only
-    ours = yaml.safe_load(operator_prometheus_config(files["prometheus"].read_text(),
-                                                     ["127.0.0.1:1"], "127.0.0.1:2"))
+    ours = yaml.safe_load(operator_prometheus_config(files["prometheus"], ["127.0.0.1:1"],
+                                                     "127.0.0.1:2"))
     assert ours["global"] == config["global"] and ours["rule_files"] == config["rule_files"]
 
 

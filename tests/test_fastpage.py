@@ -27,7 +27,7 @@ def loss_alerts(stack: AlertingStack, job: str) -> list[dict]:
 
 def nan_route_group_interval() -> float:
     """Seconds between two notifications of the shipped NaN route's group (e.g. "1m")."""
-    routes = yaml.safe_load(shipped_files()["alertmanager"].read_text())["route"]["routes"]
+    routes = yaml.safe_load(shipped_files()["alertmanager"])["route"]["routes"]
     (route,) = [r for r in routes if f'alertname = "{ALERT}"' in r.get("matchers", [])]
     value = route["group_interval"]
     return float(value[:-1]) * {"s": 1, "m": 60}[value[-1]]

@@ -41,8 +41,8 @@ OPERATOR_CHANGES = (
 )
 
 
-def shipped_files() -> dict[str, Path]:
-    """The configs this module starts the servers with; FileNotFoundError if not there."""
+def shipped_files() -> dict[str, str]:
+    """The shipped configs this module starts the servers with (YAML text)."""
     files = {"prometheus": PROMETHEUS_DIR / "prometheus.yml",
              "alertmanager": ALERTMANAGER_DIR / "alertmanager.yml",
              "alerts": PROMETHEUS_DIR / "rules" / rules_module.ALERTS_FILE,
@@ -52,7 +52,7 @@ def shipped_files() -> dict[str, Path]:
         raise FileNotFoundError(
             "the shipped Prometheus/Alertmanager configs are not next to the mfotel package "
             f"(missing: {', '.join(missing)}); run from a source checkout of mfotel")
-    return files
+    return {key: path.read_text() for key, path in files.items()}
 
 
 def check_binaries() -> None:
@@ -122,21 +122,20 @@ class AlertingStack:
         try:
             self.receiver.start()
             am_dir = self.workdir / "alertmanager"
-            am_dir.mkdir(parents=True, exist_ok=True)
-            templates = self.files["alertmanager"].parent / "templates"
-            if templates.is_dir():
-                shutil.copytree(templates, am_dir / "templates", dirs_exist_ok=True)
+            # the templates beside the config
+            shutil.copytree(ALERTMANAGER_DIR / "templates", am_dir / "templates",
+                            dirs_exist_ok=True)
             self.alertmanager = Alertmanager(
-                operator_alertmanager_config(self.files["alertmanager"].read_text(),
-                                             self.receiver.url), workdir=am_dir).start()
+                operator_alertmanager_config(self.files["alertmanager"], self.receiver.url),
+                workdir=am_dir).start()
             prom_dir = self.workdir / "prometheus"
             # the rule files where the shipped config names them, relative to it
-            for key in ("recording", "alerts"):
-                target = prom_dir / "rules" / self.files[key].name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(self.files[key], target)
+            (prom_dir / "rules").mkdir(parents=True, exist_ok=True)
+            for key, name in (("recording", rules_module.RECORDING_FILE),
+                              ("alerts", rules_module.ALERTS_FILE)):
+                (prom_dir / "rules" / name).write_text(self.files[key])
             self.prometheus = Prometheus(
-                operator_prometheus_config(self.files["prometheus"].read_text(), self.targets,
+                operator_prometheus_config(self.files["prometheus"], self.targets,
                                            f"127.0.0.1:{self.alertmanager.port}", self.interval),
                 workdir=prom_dir).start()
         except BaseException:
