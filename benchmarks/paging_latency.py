@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from mfotel.demo.alerting import AlertingStack, scrape_gate, step_clock  # noqa: E402
-from mfotel.demo.stack import free_port, http_get_json  # noqa: E402
+from mfotel.demo.stack import free_port, http_get_json, unix_seconds  # noqa: E402
 from mfotel.demo.training import run_demo  # noqa: E402
 
 ALERT = "MindFormersLossNotFinite"
@@ -65,9 +65,9 @@ def first_zero_scrape(stack: AlertingStack, job: str) -> float | None:
 
 
 def rule_active_at(stack: AlertingStack, job: str) -> float | None:
-    from mfotel.demo.stack import _unix
+    """Unix time the rule's alert became active (the evaluation that fired it)."""
     alerts = http_get_json(f"{stack.prometheus.url}/api/v1/alerts")["data"]["alerts"]
-    times = [_unix(a["activeAt"]) for a in alerts
+    times = [unix_seconds(a["activeAt"]) for a in alerts
              if a["labels"].get("alertname") == ALERT and a["labels"].get("job_name") == job]
     return min(times) if times else None
 
@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{run.pages} page(s)", flush=True)
     goal = {"rule": 2 * args.interval + 1, "fast": 1.0}
     print(f"\nNaN step -> webhook, seconds ({args.runs} runs per path; scrape and evaluation "
-          f"every {args.interval}s)")
+          f"every {args.interval}s; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores)")
     print(f"{'path':<10} {'median':>7} {'max':>7} {'min':>7}  {'goal':>6}  {'pages':>7}  "
           f"parts (median): NaN->scrape, ->rule fired, ->webhook")
     status = 0

@@ -152,13 +152,13 @@ class Prometheus(_Server):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             groups = http_get_json(f"{self.url}/api/v1/rules")["data"]["groups"]
-            if groups and all(_unix(g["lastEvaluation"]) > after for g in groups):
+            if groups and all(unix_seconds(g["lastEvaluation"]) > after for g in groups):
                 return
             time.sleep(0.1)
         raise TimeoutError(f"rules not evaluated after {after} within {timeout}s")
 
 
-def _unix(rfc3339: str) -> float:
+def unix_seconds(rfc3339: str) -> float:
     """Unix seconds of Prometheus' RFC 3339 timestamps (nanoseconds cut to microseconds)."""
     text = re.sub(r"(\.\d{6})\d+", r"\1", rfc3339).replace("Z", "+00:00")
     return datetime.fromisoformat(text).timestamp()
