@@ -9,6 +9,7 @@ same queries against a Prometheus fed by a real training run.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
+from mfotel import contract
 from mfotel.contract import CONTRACT
+from mfotel.dashboards.common import MAX_RANK_LINES, RUN_MATCHER
 from mfotel.dashboards.queries import ALL, PanelQuery, dashboard_queries, metric_names, substitute
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +130,8 @@ def test_a_panel_without_a_unit_is_rejected_at_definition():
 
 
 def test_layout_wraps_rows_at_24_columns():
-    from mfotel.dashboards.common import DashboardSpec, Panel, Row, Target, layout
+    from mfotel.dashboards.common import DashboardSpec, Panel, Row, Target
+    from mfotel.dashboards.render import layout
     wide = Panel("a", "s", (Target("up"),), width=16, height=4)
     spec = DashboardSpec("u", "t", (Row("r1", (wide, wide)), Row("r2", (wide,))))
     assert layout(spec) == [(0, [(0, 1), (0, 5)]), (9, [(0, 10)])]
@@ -161,12 +165,13 @@ def _values_of(node: Any, key: str, skip_top: bool = False) -> list[Any]:
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
-def test_dashboard_has_datasource_job_and_rank_variables(name):
+def test_dashboard_has_datasource_job_run_and_rank_variables(name):
     variables = {v["name"]: v for v in DASHBOARDS[name]["templating"]["list"]}
-    assert list(variables) == ["datasource", "job_name", "rank"]
+    assert list(variables) == ["datasource", "job_name", "run_id", "rank"]
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for var in ("job_name", "rank"):
+    assert variables["run_id"]["query"].startswith("label_values(mindformers_train_rank_info")
+    for var in ("job_name", "run_id", "rank"):
         v = variables[var]
         assert v["type"] == "query" and v["multi"] and v["includeAll"], var
         assert v["allValue"] == ".*", var
@@ -228,7 +233,122 @@ def test_overview_covers_the_issue_list():
     assert {"Loss", "Learning rate", "Gradient norm", "Samples per second",
             "Step time quantiles", "Progress", "ETA", "Non-finite steps"} <= titles
     names = {a["name"] for a in DASHBOARDS["mfotel-training-overview.json"]["annotations"]["list"]}
-    assert {"Non-finite loss", "Loss-scale overflow", "MindFormers alerts"} <= names
+    assert {"First non-finite loss", "Loss-scale overflow", "MindFormers alerts"} <= names
+
+
+def panel(dashboard: str, title: str) -> dict[str, Any]:
+    (found,) = [p for p in panels(DASHBOARDS[f"{dashboard}.json"]) if p["title"] == title]
+    return found
+
+
+def overrides(panel_: dict[str, Any], ref_id: str) -> dict[str, Any]:
+    """The override properties of the series of query `ref_id`, as {property id: value}."""
+    return {prop["id"]: prop["value"] for o in panel_["fieldConfig"]["overrides"]
+            if o["matcher"] == {"id": "byFrameRefID", "options": ref_id}
+            for prop in o["properties"]}
+
+
+# Grafana gives a panel without thresholds green, and red from 80: a global step of 81 in red.
+GRAFANA_DEFAULT_THRESHOLDS = [{"color": "green", "value": None}, {"color": "red", "value": 80}]
+
+
+def test_a_stat_panel_without_thresholds_is_rejected_at_definition():
+    from mfotel.dashboards.common import Panel, Target
+    with pytest.raises(ValueError, match="thresholds"):
+        Panel("Step", "none", (Target("up"),), kind="stat")
+    with pytest.raises(ValueError, match="thresholds"):
+        Panel("Step", "none", (Target("up"),), kind="stat", thresholds=((0, "red"),))
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_every_stat_panel_has_its_own_thresholds(name):
+    for stat in (p for p in panels(DASHBOARDS[name]) if p["type"] == "stat"):
+        steps = stat["fieldConfig"]["defaults"].get("thresholds", {}).get("steps")
+        assert steps and steps[0]["value"] is None, stat["title"]
+        assert steps != GRAFANA_DEFAULT_THRESHOLDS, stat["title"]
+
+
+@pytest.mark.parametrize("title, flag", [("Loss", "mindformers_train_loss_finite"),
+                                         ("Gradient norm", 'metric="grad_norm"')])
+def test_loss_and_grad_norm_draw_nonfinite_steps_as_red_bars_and_stop_their_line(title, flag):
+    loss = panel("mfotel-training-overview", title)
+    bars = [q for q in loss["targets"] if overrides(loss, q["refId"]).get("custom.drawStyle")
+            == "bars"]
+    assert len(bars) == 2, "one bar series per rank (few ranks), one count per job (many)"
+    for bar in bars:
+        props = overrides(loss, bar["refId"])
+        assert props["color"] == {"mode": "fixed", "fixedColor": "red"}
+        assert props["custom.axisPlacement"] == "hidden" and props["min"] == 0
+        assert flag in bar["expr"] and "NaN/Inf" in bar["legendFormat"]
+    lines = [q for q in loss["targets"] if not overrides(loss, q["refId"])]
+    assert lines and all(f"unless on (job_name, rank) (" in q["expr"] and flag in q["expr"]
+                         for q in lines), "the line must stop where the value is not finite"
+    assert loss["fieldConfig"]["defaults"]["custom"]["scaleDistribution"] == \
+        {"type": "log", "log": 10}
+
+
+@pytest.mark.parametrize("title", ["Loss", "Learning rate", "Gradient norm"])
+def test_the_step_shows_in_the_tooltip_of_step_based_panels(title):
+    found = panel("mfotel-training-overview", title)
+    steps = [q for q in found["targets"] if "custom.hideFrom" in overrides(found, q["refId"])]
+    assert len(steps) == 1 and "mindformers_train_step{" in steps[0]["expr"]
+    props = overrides(found, steps[0]["refId"])
+    assert props["custom.hideFrom"] == {"viz": True, "legend": True, "tooltip": False}
+    assert props["custom.axisPlacement"] == "hidden"  # its own scale: the loss axis is not stretched
+
+
+@pytest.mark.parametrize("dashboard, title", [("mfotel-training-overview", "Status"),
+                                              ("mfotel-cluster-health", "Status per rank")])
+def test_status_is_a_state_timeline_naming_every_status(dashboard, title):
+    status = panel(dashboard, title)
+    assert status["type"] == "state-timeline"
+    (mapping,) = status["fieldConfig"]["defaults"]["mappings"]
+    statuses = {contract.STATUS_INITIALISING: "initialising", contract.STATUS_RUNNING: "running",
+                contract.STATUS_COMPLETED: "completed", contract.STATUS_FAILED: "failed / stopped"}
+    assert {int(k): v["text"] for k, v in mapping["options"].items()} == statuses
+    assert mapping["options"][str(contract.STATUS_FAILED)]["color"] == "red"
+
+
+def test_ranks_now_has_a_loss_finite_column_red_when_not_finite():
+    table = panel("mfotel-training-overview", "Ranks now")
+    renamed = table["transformations"][1]["options"]["renameByName"]
+    assert {"loss", "loss finite", "status"} <= set(renamed.values())
+    (column,) = [o for o in table["fieldConfig"]["overrides"]
+                 if o["matcher"] == {"id": "byName", "options": "loss finite"}]
+    props = {p["id"]: p["value"] for p in column["properties"]}
+    assert props["custom.cellOptions"] == {"type": "color-background"}
+    assert props["mappings"][0]["options"]["0"] == {"text": "NaN / Inf", "color": "red",
+                                                    "index": 0}
+    loss = next(q for q in table["targets"]
+                if renamed[f"Value #{q['refId']}"] == "loss")
+    assert "unless on (job_name, rank) (" in loss["expr"], "a NaN rank shows no stale loss"
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_per_rank_series_give_way_to_a_spread_over_many_ranks(name):
+    """Readable at 1000 ranks: a time series with a line per rank has it only while at most
+    MAX_RANK_LINES ranks are selected, and a sibling query over the ranks beyond that (or it
+    names a bounded number of ranks: topk/bottomk)."""
+    few, many = f"<= {MAX_RANK_LINES})", f"> {MAX_RANK_LINES})"
+    for found in panels(DASHBOARDS[name]):
+        if found["type"] not in ("timeseries", "state-timeline"):
+            continue
+        for query in found["targets"]:
+            if "{{rank}}" in query["legendFormat"]:
+                assert few in query["expr"] or re.search(r"\b(topk|bottomk)\b", query["expr"]), \
+                    f"{found['title']}: {query['legendFormat']}"
+        if any(few in q["expr"] for q in found["targets"]):
+            assert any(many in q["expr"] for q in found["targets"]), found["title"]
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_every_panel_query_is_cut_to_the_selected_run(name):
+    run_filter = f'and on (job_name) max by (job_name) (mindformers_train_rank_info{{' \
+                 f'job_name=~"$job_name", {RUN_MATCHER}}})'
+    for found in panels(DASHBOARDS[name]):
+        for query in found.get("targets", []):
+            assert query["expr"].endswith(run_filter) or RUN_MATCHER in query["expr"], \
+                f"{found['title']}: {query['expr']}"
 
 
 # ---------------------------------------------------------------- queries
@@ -274,7 +394,7 @@ def test_slowest_rank_device_panel_joins_each_exporter_to_the_slowest_rank(tmp_p
     if promtool is None:
         pytest.fail("promtool not found on PATH; install it: apt-get install prometheus")
     [npu_k8s, npu_bare, gpu] = [
-        substitute(q.expr, {"job_name": ["llama"], "rank": ALL}) for q in QUERIES
+        substitute(q.expr, {"job_name": ["llama"], "run_id": ALL, "rank": ALL}) for q in QUERIES
         if q.title == "Device of the slowest rank: utilisation"]
 
     def series(name: str, labels: str, values: str) -> dict[str, str]:
@@ -323,6 +443,47 @@ def test_slowest_rank_device_panel_joins_each_exporter_to_the_slowest_rank(tmp_p
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _promtool_case(tmp_path: Path, input_series: list[dict[str, str]],
+                   cases: list[tuple[str, list[tuple[str, float]]]], at: str = "5m") -> None:
+    """promtool test rules: each (expr, [(labels, value)]) evaluated at `at` on the series."""
+    promtool = shutil.which("promtool") or shutil.which("promtool", path="/usr/bin")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH; install it: apt-get install prometheus")
+    spec = {"rule_files": [], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": input_series, "promql_expr_test": [
+            {"expr": expr, "eval_time": at,
+             "exp_samples": [{"labels": labels, "value": value} for labels, value in samples]}
+            for expr, samples in cases]}]}
+    path = tmp_path / "case.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_scrape_targets_up_counts_the_selected_jobs_targets_only(tmp_path):
+    """llama has a rank up and a rank that died 3 minutes ago; an idle port, Prometheus itself
+    and another training job are scraped by the same Prometheus but are not llama's."""
+    up, down = [substitute(q.expr, {"job_name": ["llama"], "run_id": ALL, "rank": ALL})
+                for q in QUERIES if q.title == "Scrape targets up"]
+
+    def series(name: str, labels: str, values: str) -> dict[str, str]:
+        return {"series": f"{name}{{{labels}}}", "values": values}
+    target = 'job="mindformers", instance="node-1:{}"'
+    info = 'job_name="{}", rank="{}", ' + target
+    _promtool_case(tmp_path, [
+        series("up", target.format(9464), "1x10"),
+        series("up", target.format(9465), "1 1 0x8"),
+        series("up", target.format(9466), "0x10"),
+        series("up", 'job="prometheus", instance="localhost:9090"', "1x10"),
+        series("up", 'job="mindformers", instance="node-2:9464"', "1x10"),
+        series("mindformers_train_rank_info", info.format("llama", 0, 9464), "1x10"),
+        series("mindformers_train_rank_info", info.format("llama", 1, 9465), "1 1 _x8"),
+        series("mindformers_train_rank_info",
+               'job_name="gpt", rank="0", job="mindformers", instance="node-2:9464"', "1x10"),
+    ], [(up, [('{job_name="llama"}', 1)]), (down, [('{job_name="llama"}', 1)])])
+
+
 def test_recording_rules_used_are_recorded_by_the_rule_files():
     rule_files = sorted(RULES_DIR.glob("*.yml"))
     assert rule_files, "prometheus/rules/ has no rule files: run `mfotel rules`"
@@ -363,8 +524,8 @@ def empty_prometheus():
 
 
 @pytest.mark.parametrize("variables", [
-    {"job_name": ALL, "rank": ALL},
-    {"job_name": ["llama-7b.sft", "run(2)"], "rank": ["0", "7"]},
+    {"job_name": ALL, "run_id": ALL, "rank": ALL},
+    {"job_name": ["llama-7b.sft", "run(2)"], "run_id": ["2026-12-02.a"], "rank": ["0", "7"]},
 ], ids=["all", "multi"])
 def test_every_query_parses_in_prometheus(empty_prometheus, variables):
     """Prometheus' own parser (HTTP API) on every query, variables substituted as Grafana

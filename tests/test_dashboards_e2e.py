@@ -1,12 +1,15 @@
 """Every dashboard query returns data from a real Prometheus fed by a real MindSpore training.
 
-Two demo ranks of one job (`python -c run_demo(...)` with RANK_ID 0 and 1, rank 1 hitting a NaN
-loss near the end) serve /metrics; the Debian Prometheus scrapes them every second and evaluates
-the rules of prometheus/rules/ every second. Once both ranks finished training (they linger,
-still served), every panel target, annotation and variable query of every checked-in dashboard
-runs through the HTTP API with the variables substituted as Grafana would ($job_name = the job,
-$rank = All): range queries over the run for time series, instant queries for tables.
-Panels that need what the demo cannot produce are listed in EXPECTED_EMPTY, with the reason.
+Two demo ranks of one job and run (`python -c run_demo(...)` with RANK_ID 0 and 1, rank 1
+hitting a NaN loss near the end) serve /metrics; the Debian Prometheus scrapes them every second
+and evaluates the rules of prometheus/rules/ every second. Once both ranks finished training
+(they linger, still served), every panel target, annotation and variable query of every
+checked-in dashboard runs through the HTTP API with the variables substituted as Grafana would
+($job_name = the job, $run_id and $rank = All): range queries over the run for time series,
+instant queries for tables. Queries that switch from a line per rank to a spread over ranks
+beyond MAX_RANK_LINES selected ranks run both ways (the spread as a job of thousands of ranks
+gets it). Panels that need what the demo cannot produce are listed in EXPECTED_EMPTY, with the
+reason.
 """
 from __future__ import annotations
 
@@ -22,13 +25,16 @@ from typing import Any
 
 import pytest
 
-from mfotel.dashboards.queries import ALL, PanelQuery, dashboard_queries, substitute
+from mfotel.dashboards.common import rank_count_gate
+from mfotel.dashboards.queries import (ALL, PanelQuery, dashboard_queries, substitute,
+                                       with_rank_lines_limit)
 from mfotel.demo.stack import Prometheus, find_binary, free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "mfotel-e2e"
+RUN_ID = "e2e-run-1"
 STEPS = 160
 NAN_AT_STEP = 140          # on rank 1 only: non-finite panels, annotations and alerts get data
 STEP_SECONDS = 0.1         # ~16 s of training: enough samples for the 1m rate windows
@@ -75,7 +81,7 @@ def _start_rank(rank: int, port: int, workdir: Path) -> subprocess.Popen:
               "linger_seconds": 120, "prometheus": {"linger_until_scraped": False},
               "min_step_seconds": STEP_SECONDS, "seq_length": 32,
               "nan_at_step": NAN_AT_STEP if rank == 1 else None,
-              "output": {"console": False}}
+              "run": {"id": RUN_ID}, "output": {"console": False}}
     env = {**os.environ, "RANK_ID": str(rank), "RANK_SIZE": "2", "GLOG_v": "3"}
     log = open(workdir / f"rank{rank}.log", "wb")
     try:
@@ -146,11 +152,21 @@ def fed_prometheus(tmp_path_factory):
                     proc.wait(timeout=10)
 
 
-def _run(prom: Prometheus, query: PanelQuery, start: float, end: float) -> int:
+ALL_VARIABLES = {"job_name": [JOB], "run_id": ALL, "rank": ALL}
+
+
+def _expr(query: PanelQuery, start: float, end: float, variables: dict = ALL_VARIABLES,
+          many_ranks: bool = False) -> str:
+    """The query as Grafana sends it; `many_ranks`: as a job past MAX_RANK_LINES sees it."""
+    expr = with_rank_lines_limit(query.expr, 1) if many_ranks else query.expr
+    return substitute(expr, variables, rate_interval="1m", interval="1s",
+                      range_=f"{int(end - start) + 1}s")
+
+
+def _run(prom: Prometheus, query: PanelQuery, start: float, end: float,
+         variables: dict = ALL_VARIABLES, many_ranks: bool = False) -> int:
     """How many series (or label values) the query returns, the way Grafana asks for it."""
-    window = f"{int(end - start) + 1}s"
-    expr = substitute(query.expr, {"job_name": [JOB], "rank": ALL}, rate_interval="1m",
-                      interval="1s", range_=window)
+    expr = _expr(query, start, end, variables, many_ranks)
     if query.origin == "variable":
         data = _api(prom.url, f"/api/v1/label/{query.label}/values",
                     {"match[]": expr, "start": start, "end": end})
@@ -160,6 +176,32 @@ def _run(prom: Prometheus, query: PanelQuery, start: float, end: float) -> int:
     data = _api(prom.url, "/api/v1/query_range",
                 {"query": expr, "start": start, "end": end, "step": "1s"})
     return len(data["result"])
+
+
+def _switches(query: PanelQuery) -> bool:
+    return rank_count_gate(">") in query.expr or rank_count_gate("<=") in query.expr
+
+
+def _now(prom: Prometheus, query: PanelQuery, start: float, end: float,
+         many_ranks: bool = False) -> dict[str, float]:
+    """The query's values at the end of the run, by rank (or by job when it has no rank)."""
+    result = prom.query(_expr(query, start, end, many_ranks=many_ranks), end)
+    return {r["metric"].get("rank", r["metric"].get("job_name")): float(r["value"][1])
+            for r in result}
+
+
+def _columns(dashboard: str, title: str) -> dict[str, PanelQuery]:
+    """The queries of a table panel by the name of the column they fill."""
+    found = json.loads((ROOT / "grafana" / "dashboards" / f"{dashboard}.json").read_text())
+    (table,) = [p for p in found["panels"] if p["title"] == title]
+    names = next(t["options"]["renameByName"] for t in table["transformations"]
+                 if t["id"] == "organize")
+    return {names[f"Value #{ref}"]: query for ref, query in _panel(dashboard, title).items()}
+
+
+def _panel(dashboard: str, title: str) -> dict[str, PanelQuery]:
+    """The queries of one panel by refId."""
+    return {q.ref_id: q for q in _queries() if q.dashboard == dashboard and q.title == title}
 
 
 def test_expected_empty_panels_exist():
@@ -172,6 +214,8 @@ def test_every_dashboard_query_returns_data_from_a_real_training(fed_prometheus)
     empty, surprises = [], []
     for query in _queries():
         count = _run(prom, query, start, end)
+        if _switches(query):   # the spread over ranks, as a job of thousands of ranks sees it
+            count = max(count, _run(prom, query, start, end, many_ranks=True))
         reason = EXPECTED_EMPTY.get((query.dashboard, query.title))
         if count == 0 and reason is None:
             empty.append(f"{query.where}\n    {query.expr}")
@@ -189,8 +233,12 @@ def test_variables_list_the_job_and_both_ranks(fed_prometheus):
     ranks = _api(prom.url, "/api/v1/label/rank/values",
                  {"match[]": f'mindformers_train_step{{job_name=~"{JOB}"}}',
                   "start": start, "end": end})
+    runs = _api(prom.url, "/api/v1/label/run_id/values",
+                {"match[]": f'mindformers_train_rank_info{{job_name=~"{JOB}"}}',
+                 "start": start, "end": end})
     assert JOB in jobs
     assert set(ranks) == {"0", "1"}
+    assert runs == [RUN_ID]
 
 
 def test_nan_rank_shows_in_the_health_panels(fed_prometheus):
@@ -200,3 +248,51 @@ def test_nan_rank_shows_in_the_health_panels(fed_prometheus):
     assert finite == {"0": 1.0, "1": 0.0}
     first = prom.query(f'mindformers_train_first_nonfinite_step{{job_name="{JOB}"}}', end)
     assert [(r["metric"]["rank"], float(r["value"][1])) for r in first] == [("1", NAN_AT_STEP)]
+
+
+def test_nan_rank_is_flagged_in_the_loss_panel_and_the_ranks_table(fed_prometheus):
+    """Rank 1's loss went NaN at step 140: its loss line stops (no stale last finite value),
+    the red bars name it (or count it, at many ranks), the ranks table shows no loss and a
+    finite flag of 0, the annotation names the step; rank 0 stays a normal line."""
+    prom, start, end = fed_prometheus
+    loss = _panel("mfotel-training-overview", "Loss")
+    lines, bars, count = (next(q for q in loss.values() if cond(q.legend)) for cond in (
+        lambda legend: legend == "{{job_name}} rank {{rank}}",
+        lambda legend: legend.endswith("rank {{rank}}: loss NaN/Inf"),
+        lambda legend: legend.endswith("ranks with loss NaN/Inf")))
+    assert set(_now(prom, lines, start, end)) == {"0"}
+    assert _now(prom, bars, start, end) == {"1": 1.0}
+    assert _now(prom, count, start, end, many_ranks=True) == {JOB: 1.0}
+    spread = [q for q in loss.values() if "over ranks" in q.legend]
+    assert len(spread) == 3 and all(set(_now(prom, q, start, end, many_ranks=True)) == {JOB}
+                                    for q in spread)   # min, median, max of the finite rank
+
+    grad = _panel("mfotel-training-overview", "Gradient norm")
+    grad_bars = next(q for q in grad.values() if q.legend.endswith("grad norm NaN/Inf"))
+    assert _now(prom, grad_bars, start, end) == {"1": 1.0}
+
+    columns = _columns("mfotel-training-overview", "Ranks now")
+    assert _now(prom, columns["loss finite"], start, end) == {"0": 1.0, "1": 0.0}
+    assert set(_now(prom, columns["loss"], start, end)) == {"0"}
+    assert _now(prom, columns["status"], start, end) == {"0": 2.0, "1": 2.0}
+    (stat,) = _panel("mfotel-training-overview", "Loss finite").values()
+    assert _now(prom, stat, start, end) == {JOB: 0.0}
+
+    (first,) = [q for q in _queries() if q.title == "annotation: First non-finite loss"]
+    marks = prom.query(_expr(first, start, end), end)
+    assert [m["metric"]["step"] for m in marks] == [str(NAN_AT_STEP)]
+
+
+def test_run_selector_keeps_the_run_and_drops_other_runs(fed_prometheus):
+    prom, start, end = fed_prometheus
+    this_run = {"job_name": [JOB], "run_id": [RUN_ID], "rank": ALL}
+    other_run = {"job_name": [JOB], "run_id": ["a-run-that-never-was"], "rank": ALL}
+    changed, leaked = [], []
+    for query in (q for q in _queries() if q.origin == "panel"):
+        everything = _run(prom, query, start, end)
+        if _run(prom, query, start, end, this_run) != everything:
+            changed.append(query.where)
+        if _run(prom, query, start, end, other_run):
+            leaked.append(query.where)
+    assert not changed, f"selecting the run lost data: {changed}"
+    assert not leaked, f"panels showing data of another run: {leaked}"

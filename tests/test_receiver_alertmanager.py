@@ -17,7 +17,7 @@ import yaml
 
 from conftest import step_scraper, value
 from mfotel.actions.control import CONTROL_FILE
-from mfotel.demo.alerting import loopback_alertmanager_config
+from mfotel.demo.alerting import operator_alertmanager_config
 from mfotel.demo.stack import Alertmanager
 from receiver_support import FORGED, ROOT, make_certs, notification, post, start_receiver
 
@@ -68,10 +68,10 @@ def secrets(tmp_path: Path) -> Path:
 
 def alertmanager_for(receiver_url: str, http_config: dict[str, Any], workdir: Path
                      ) -> Alertmanager:
-    """The shipped alertmanager.yml, pointed at the receiver, no group_wait."""
+    """The shipped alertmanager.yml, pointed at the receiver."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copytree(SHIPPED.parent / "templates", workdir / "templates")
-    return Alertmanager(loopback_alertmanager_config(SHIPPED.read_text(), receiver_url,
+    return Alertmanager(operator_alertmanager_config(SHIPPED.read_text(), receiver_url,
                                                      http_config), workdir=workdir)
 
 

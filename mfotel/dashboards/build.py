@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Sequence
 
 from . import cluster, overview, params
-from .common import DashboardSpec, render
+from .common import DashboardSpec
+from .render import render
 
 DASHBOARDS: tuple[DashboardSpec, ...] = (overview.DASHBOARD, cluster.DASHBOARD,
                                          params.DASHBOARD)

@@ -1,7 +1,9 @@
 """Cluster health: which ranks run, which are slow, which stalled, which diverge."""
 from __future__ import annotations
 
-from .common import ALERTS_ANNOTATION, JOB, RANK, DashboardSpec, Panel, Row, Target, sel
+from .common import (ALERTS_ANNOTATION, FINITE_LOSS, FINITE_TEXTS, JOB, RANK, RUN_MATCHER,
+                     STATUS_TEXTS, DashboardSpec, Panel, Row, Step, Target, ValueText, over_ranks,
+                     per_rank, rank_lines, sel)
 
 _RATE = "[$__rate_interval]"
 _MEAN = "job_name_rank:mindformers_train_step_duration_seconds:mean1m"
@@ -10,11 +12,28 @@ _SPREAD = "job_name:mindformers_train_step_duration_seconds:rank_spread1m"
 _SCORE = "job_name_rank:mindformers_train_straggler_score:ratio1m"
 
 
-def _ranks_in(status: int, title: str, description: str) -> Panel:
+def _ranks_in(status: int, title: str, description: str,
+              thresholds: tuple[Step, ...]) -> Panel:
     # `== bool` keeps every rank (0 or 1), so the count is 0 rather than empty.
     return Panel(title, "none", (Target(
         f"sum by (job_name) ({sel('mindformers_train_status')} == bool {status})", JOB),),
-        kind="stat", width=6, height=5, description=description)
+        kind="stat", width=6, height=5, description=description, thresholds=thresholds)
+
+
+def _per_rank_state(metric: str, worst: str, texts: tuple[ValueText, ...], title: str,
+                    description: str) -> Panel:
+    """A state timeline: a row per rank while few are selected, the job's `worst` otherwise."""
+    return Panel(title, "none", (
+        Target(per_rank(f"max by (job_name, rank) ({sel(metric)})"), RANK),
+        Target(over_ranks(f"{worst} by (job_name) ({sel(metric)})"), "{{job_name}} worst rank"),
+    ), kind="state-timeline", value_texts=texts, description=description)
+
+
+#: Targets (job, instance) that served each selected job in the last 10 minutes (a rank that
+#: stopped answering has no series now, so its identity is remembered that long).
+_JOB_TARGETS = (f"max by (job, instance, job_name) "
+                f"(max_over_time({sel('mindformers_train_rank_info', RUN_MATCHER, rank=False)}"
+                f"[10m]))")
 
 
 def _slowest_rank_device(labels: str, *matchers: str) -> str:
@@ -55,19 +74,24 @@ def _deviation(metric: str) -> str:
 
 
 ranks = Row("Ranks", (
-    _ranks_in(0, "Ranks initialising", "Before the first step (graph compilation)."),
-    _ranks_in(1, "Ranks running", "Ranks whose last report says running."),
-    _ranks_in(2, "Ranks completed", "Ranks that finished their run normally."),
-    _ranks_in(3, "Ranks failed or stopped", "Ranks that stopped early or failed."),
+    _ranks_in(0, "Ranks initialising", "Before the first step (graph compilation).",
+              ((None, "blue"),)),
+    _ranks_in(1, "Ranks running", "Ranks whose last report says running.", ((None, "green"),)),
+    _ranks_in(2, "Ranks completed", "Ranks that finished their run normally.",
+              ((None, "purple"),)),
+    _ranks_in(3, "Ranks failed or stopped", "Ranks that stopped early or failed.",
+              ((None, "green"), (1, "red"))),
     Panel("Ranks running over time", "none", (
         Target(sel("job_name:mindformers_train_ranks_running:count", rank=False),
                "{{job_name}} running"),
     ), description="Ranks reporting status running (recording rule)."),
     Panel("Scrape targets up", "none", (
-        Target("sum by (job) (up)", "{{job}} up"),
-        Target("sum by (job) (1 - up)", "{{job}} down"),
-    ), description="Prometheus scrape targets per scrape job (not filtered by the job "
-                   "variable: `up` carries the scrape job, not job_name)."),
+        Target(f"sum by (job_name) (up * on (job, instance) group_left (job_name) "
+               f"{_JOB_TARGETS})", "{{job_name}} up", run_scoped=False),
+        Target(f"sum by (job_name) ((1 - up) * on (job, instance) group_left (job_name) "
+               f"{_JOB_TARGETS})", "{{job_name}} down", run_scoped=False),
+    ), description="Prometheus scrape targets of the selected jobs (and run): those whose "
+                   "ranks reported in the last 10 minutes, up or down now."),
 ))
 
 stragglers = Row("Step time and stragglers", (
@@ -83,7 +107,7 @@ stragglers = Row("Step time and stragglers", (
                f"{sel(_MEDIAN, rank=False)}))", RANK, instant=True),
     ), kind="bargauge", description="Mean step time of the 10 slowest ranks relative to the "
                                     "median rank (100% = median), 1m window."),
-    Panel("Straggler score per rank", "percentunit", (Target(sel(_SCORE), RANK),),
+    Panel("Straggler score per rank", "percentunit", rank_lines(sel(_SCORE)),
           min=0, max=1,
           description="Mean step time of the job's fastest rank divided by this rank's, 1m "
                       "window: 100% = the fastest rank, 50% = twice as slow (recording rule)."),
@@ -93,43 +117,43 @@ stragglers = Row("Step time and stragglers", (
                       "NPU-Exporter in Kubernetes (namespace, pod_name, id) or on bare metal "
                       "(target host, id), dcgm-exporter (Hostname, gpu).",
           needs="MindCluster NPU-Exporter or dcgm-exporter scraped by the same Prometheus"),
-    Panel("Mean step time per rank", "s", (Target(sel(_MEAN), RANK),),
+    Panel("Mean step time per rank", "s", rank_lines(sel(_MEAN)),
           description="Mean wall time of one step per rank, 1m window."),
-    Panel("p99 step time per rank", "s", (
-        Target(f"histogram_quantile(0.99, sum by (job_name, rank, le) "
-               f"(rate({sel('mindformers_train_step_duration_seconds_bucket')}{_RATE})))",
-               RANK),
-    ), description="From the step-time histogram buckets."),
+    Panel("p99 step time per rank", "s", rank_lines(
+        f"histogram_quantile(0.99, sum by (job_name, rank, le) "
+        f"(rate({sel('mindformers_train_step_duration_seconds_bucket')}{_RATE})))"),
+        description="From the step-time histogram buckets."),
 ))
 
 stalls = Row("Stalls", (
-    Panel("Time since last step", "s", (
-        Target(f"time() - {sel('mindformers_train_last_step_timestamp_seconds')}", RANK),
-    ), description="Grows without bound on a stalled (or finished) rank."),
-    Panel("Steps per second", "suffix: steps/s", (
-        Target(f"rate({sel('mindformers_train_steps_total')}{_RATE})", RANK),
-    )),
-    Panel("Steps behind the leading rank", "none", (
-        Target(f"max by (job_name) ({sel('mindformers_train_step', rank=False)}) "
-               f"- on (job_name) group_right () {sel('mindformers_train_step')}", RANK),
-    ), description="Global step of the job's most advanced rank minus this rank's."),
-    Panel("Status per rank", "none", (Target(sel("mindformers_train_status"), RANK),),
-          min=0, max=3,
-          description="0 initialising, 1 running, 2 completed, 3 failed or stopped."),
+    Panel("Time since last step", "s",
+          rank_lines(f"time() - {sel('mindformers_train_last_step_timestamp_seconds')}"),
+          description="Grows without bound on a stalled (or finished) rank."),
+    Panel("Steps per second", "suffix: steps/s",
+          rank_lines(f"rate({sel('mindformers_train_steps_total')}{_RATE})")),
+    Panel("Steps behind the leading rank", "none", rank_lines(
+        f"max by (job_name) ({sel('mindformers_train_step', rank=False)}) "
+        f"- on (job_name) group_right () {sel('mindformers_train_step')}"),
+        description="Global step of the job's most advanced rank minus this rank's."),
+    _per_rank_state("mindformers_train_status", "max", STATUS_TEXTS, "Status per rank",
+                    "Initialising (graph compilation), running, completed, failed or stopped; "
+                    "with more than 16 ranks selected, the worst rank's."),
 ))
 
 divergence = Row("Divergence across ranks", (
-    Panel("Loss deviation from the job mean", "none",
-          (Target(_deviation("mindformers_train_loss"), RANK),)),
+    Panel("Loss deviation from the job mean", "none", rank_lines(
+        f"({_deviation('mindformers_train_loss')}) and on (job_name, rank) ({FINITE_LOSS})"),
+        description="Finite loss of each rank minus the mean over the job's ranks."),
     Panel("Grad norm deviation from the job mean", "none",
-          (Target(_deviation("mindformers_train_grad_norm"), RANK),)),
-    Panel("Loss finite per rank", "none",
-          (Target(sel("mindformers_train_loss_finite"), RANK),), min=0, max=1,
-          description="1 while the last loss was finite, 0 after a NaN/Inf loss."),
-    Panel("Non-finite steps per rank", "none", (
-        Target(f"max by (job_name, rank, metric) ({sel('mindformers_train_nonfinite_total')})",
-               "{{job_name}} rank {{rank}} {{metric}}"),
-    ), description="Steps since the start whose loss or grad norm was NaN/Inf."),
+          rank_lines(_deviation("mindformers_train_grad_norm"))),
+    _per_rank_state("mindformers_train_loss_finite", "min", FINITE_TEXTS, "Loss finite per rank",
+                    "Finite while the last loss was, NaN / Inf after a non-finite loss; with "
+                    "more than 16 ranks selected, whether any rank's is."),
+    Panel("Non-finite steps per rank", "none", rank_lines(
+        f"max by (job_name, rank, metric) ({sel('mindformers_train_nonfinite_total')})",
+        "{{job_name}} rank {{rank}} {{metric}}",
+        many=(("sum by (job_name, metric) ({})", "{{job_name}} {{metric}} all ranks"),)),
+        description="Steps since the start whose loss or grad norm was NaN/Inf."),
 ))
 
 exporter = Row("mfotel exporter", (
@@ -140,7 +164,8 @@ exporter = Row("mfotel exporter", (
     ), description="Errors mfotel swallowed to protect training, by stage."),
     Panel("Rank identity", "none", (
         Target(sel("mindformers_train_rank_info"), instant=True),
-    ), kind="table", description="Labels that join a rank to its host and device exporters."),
+    ), kind="table", description="Labels that join a rank to its host and device exporters "
+                                 "(and its run_id, attempt with a run identity)."),
 ))
 
 DASHBOARD = DashboardSpec(

@@ -1,28 +1,29 @@
-"""Declarative dashboard definitions and the factory that turns them into Grafana JSON.
+"""The vocabulary of the dashboard modules: targets, panels, rows, and the PromQL helpers
+that keep a panel readable from 1 rank to thousands.
 
 Panel modules (`overview.py`, `cluster.py`, `params.py`) only declare `Row`s of `Panel`s of
-`Target`s; `to_dict()` lays out the grid, numbers the panels, adds the `$datasource`,
-`$job_name` and `$rank` variables and the table legends, and renders the JSON with
-grafana-foundation-sdk (current schema, timeseries panels).
+`Target`s; `render.py` turns them into Grafana JSON.
 
-    spec = DashboardSpec(uid="mfotel-x", title="X", rows=(
-        Row("Loss", (Panel("Loss", "none", (Target(sel("mindformers_train_loss"), RANK),)),)),))
-    json_text = render(spec)
+    Row("Loss", (Panel("Loss", "none", rank_lines(sel("mindformers_train_loss"))),))
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-PanelKind = Literal["timeseries", "stat", "bargauge", "table"]
+PanelKind = Literal["timeseries", "stat", "bargauge", "table", "state-timeline"]
+#: How a time series target is drawn: a value line, red bars marking NaN/Inf steps, or the
+#: global step, shown in the tooltip only (the x axis is time; the tooltip says which step).
+TargetRole = Literal["value", "nonfinite", "step"]
+#: A threshold step: (from value, colour); the first step's value is None (-Infinity).
+Step = tuple[float | None, str]
 
-#: Grafana's variable syntax as it appears in the JSON.
-DATASOURCE_UID = "${datasource}"
 #: Every dashboard carries this tag; the dashboards link to each other through it.
 TAG = "mfotel"
 #: The metric the `$job_name`/`$rank` variables read their values from (always on).
 VARIABLE_SOURCE = "mindformers_train_step"
+#: The metric whose labels the `$run_id` variable lists (run_id with `run` configured).
+RUN_SOURCE = "mindformers_train_rank_info"
 
 #: Legend of a per-rank series.
 RANK = "{{job_name}} rank {{rank}}"
@@ -31,6 +32,14 @@ JOB = "{{job_name}}"
 
 JOB_MATCHER = 'job_name=~"$job_name"'
 RANK_MATCHER = 'rank=~"$rank"'
+RUN_MATCHER = 'run_id=~"$run_id"'
+
+#: Up to this many selected ranks of a job, panels draw one line per rank; above it, the
+#: minimum, median and maximum over the ranks (pick ranks with `$rank` to see their lines).
+MAX_RANK_LINES = 16
+
+#: Colours of a single, neutral number (no good or bad value).
+NEUTRAL: tuple[Step, ...] = ((None, "blue"),)
 
 
 def sel(metric: str, *matchers: str, rank: bool = True) -> str:
@@ -42,21 +51,82 @@ def sel(metric: str, *matchers: str, rank: bool = True) -> str:
     return f"{metric}{{{', '.join(parts)}}}"
 
 
-@dataclass(frozen=True)
-class Target:
-    """One PromQL query of a panel. `instant` for tables and rankings (current value only);
-    in a table, `column` names its value column and `unit` overrides the panel unit there."""
+# ---- PromQL that scales with the number of ranks ----------------------------------------
 
-    expr: str
-    legend: str = ""
-    instant: bool = False
-    column: str = ""
-    unit: str = ""
+_RANKS_SELECTED = f"count by (job_name) ({sel(VARIABLE_SOURCE)})"
+#: Each job's lifetime within the selected run(s); `in_run()` keeps data inside it.
+_RUN_ALIVE = f"max by (job_name) ({sel(RUN_SOURCE, RUN_MATCHER, rank=False)})"
 
+
+def rank_count_gate(op: str, limit: int = MAX_RANK_LINES) -> str:
+    """Jobs whose number of selected ranks is `op` (`<=` or `>`) `limit`."""
+    return f"({_RANKS_SELECTED} {op} {limit})"
+
+
+def per_rank(expr: str) -> str:
+    """`expr` for jobs with at most MAX_RANK_LINES ranks selected."""
+    return f"({expr}) and on (job_name) {rank_count_gate('<=')}"
+
+
+def over_ranks(expr: str) -> str:
+    """`expr` for jobs with more ranks selected than MAX_RANK_LINES."""
+    return f"({expr}) and on (job_name) {rank_count_gate('>')}"
+
+
+def in_run(expr: str) -> str:
+    """`expr` (which keeps `job_name`) at the times a rank of the selected `$run_id` reported.
+
+    Series carry no run_id; mindformers_train_rank_info does, so a run is its lifetime."""
+    return f"({expr}) and on (job_name) {_RUN_ALIVE}"
+
+
+#: (aggregation over ranks with `{}` for the per-rank expression, legend) of `rank_lines`.
+SPREAD = (("min by (job_name) ({})", "{{job_name}} min over ranks"),
+          ("quantile by (job_name) (0.5, {})", "{{job_name}} median over ranks"),
+          ("max by (job_name) ({})", "{{job_name}} max over ranks"))
+TOTAL = (("sum by (job_name) ({})", "{{job_name}} all ranks"),)
+
+
+def rank_lines(expr: str, legend: str = RANK,
+               many: tuple[tuple[str, str], ...] = SPREAD) -> tuple["Target", ...]:
+    """One line per rank while few ranks are selected; `many` (min/median/max by default)
+    over the ranks otherwise. `expr` must keep the `job_name` and `rank` labels."""
+    return (Target(per_rank(expr), legend),
+            *(Target(over_ranks(aggregate.format(expr)), name) for aggregate, name in many))
+
+
+def nonfinite_bars(condition: str, what: str) -> tuple["Target", ...]:
+    """Red bars over the time where `condition` (per rank) holds: which ranks while few are
+    selected, how many otherwise."""
+    return (Target(per_rank(f"count by (job_name, rank) ({condition})"),
+                   f"{RANK}: {what} NaN/Inf", role="nonfinite"),
+            Target(over_ranks(f"count by (job_name) ({condition})"),
+                   f"{JOB}: ranks with {what} NaN/Inf", role="nonfinite"))
+
+
+# ---- when the loss and the grad norm are not finite --------------------------------------
+
+# The OpenTelemetry SDK drops NaN measurements, so mindformers_train_loss keeps its last finite
+# value after a NaN/Inf loss. These conditions say, per rank, when that value is stale: the last
+# loss was not finite, or one was within the rate window (the alert's test).
+_RATE_WINDOW = "[$__rate_interval]"
+_NONFINITE_LOSS_STEPS = sel("mindformers_train_nonfinite_total", 'metric="loss"')
+_NONFINITE_GRAD_STEPS = sel("mindformers_train_nonfinite_total", 'metric="grad_norm"')
+LOSS_NONFINITE = (f"max by (job_name, rank) ({sel('mindformers_train_loss_finite')} == 0) or "
+                  f"max by (job_name, rank) (increase({_NONFINITE_LOSS_STEPS}{_RATE_WINDOW}) > 0)")
+GRAD_NORM_NONFINITE = (f"max by (job_name, rank) "
+                       f"(increase({_NONFINITE_GRAD_STEPS}{_RATE_WINDOW}) > 0)")
+#: The loss and grad norm where they are finite: no line, no value where they are NaN/Inf.
+FINITE_LOSS = f"{sel('mindformers_train_loss')} unless on (job_name, rank) ({LOSS_NONFINITE})"
+FINITE_GRAD_NORM = (f"{sel('mindformers_train_grad_norm')} "
+                    f"unless on (job_name, rank) ({GRAD_NORM_NONFINITE})")
+
+
+# ---- definitions ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ValueText:
-    """Show `text` (in `color`) instead of the number `value` (stat panels of states)."""
+    """Show `text` (in `color`) instead of the number `value` (states, flags)."""
 
     value: int
     text: str
@@ -64,9 +134,42 @@ class ValueText:
 
 
 @dataclass(frozen=True)
+class Target:
+    """One PromQL query of a panel. `instant` for tables and rankings (current value only);
+    in a table, `column` names its value column, `unit` and `value_texts` apply there.
+    `run_scoped` targets are cut to the selected run (their result must keep `job_name`)."""
+
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    column: str = ""
+    unit: str = ""
+    value_texts: tuple[ValueText, ...] = ()
+    role: TargetRole = "value"
+    run_scoped: bool = True
+
+
+#: The job's global step, in the tooltip of step-based panels.
+STEP = Target(f"max by (job_name) ({sel('mindformers_train_step')})", "{{job_name}} step",
+              role="step")
+
+#: mindformers_train_status values (contract), worst last: `max` over ranks is the worst.
+STATUS_TEXTS = (
+    ValueText(0, "initialising", "blue"),
+    ValueText(1, "running", "green"),
+    ValueText(2, "completed", "purple"),
+    ValueText(3, "failed / stopped", "red"),
+    # a further status value (e.g. cancelled) is one more ValueText here
+)
+#: mindformers_train_loss_finite values.
+FINITE_TEXTS = (ValueText(0, "NaN / Inf", "red"), ValueText(1, "finite", "green"))
+
+
+@dataclass(frozen=True)
 class Panel:
     """A panel: title, Grafana unit id, queries. `needs` names what must run for it to have
-    data beyond the core callback (shown in the panel description)."""
+    data beyond the core callback (shown in the panel description). Stat panels declare
+    their `thresholds` (colours from a value on); `log_scale` for values spanning decades."""
 
     title: str
     unit: str
@@ -79,19 +182,28 @@ class Panel:
     max: float | None = None
     decimals: int | None = None
     value_texts: tuple[ValueText, ...] = ()
+    thresholds: tuple[Step, ...] = ()
+    log_scale: bool = False
     needs: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind == "table":
-            for target in self.targets:
-                if target.unit and not target.column:
-                    raise ValueError(f"panel {self.title!r}: a column unit needs a column name")
+        def fail(why: str) -> None:
+            raise ValueError(f"panel {self.title!r}: {why}")
         if not self.unit:
-            raise ValueError(f"panel {self.title!r}: every panel needs a unit")
+            fail("every panel needs a unit")
         if not self.targets:
-            raise ValueError(f"panel {self.title!r}: no targets")
+            fail("no targets")
         if not 1 <= self.width <= 24:
-            raise ValueError(f"panel {self.title!r}: width {self.width} outside 1..24")
+            fail(f"width {self.width} outside 1..24")
+        for target in self.targets:
+            if (target.unit or target.value_texts) and not target.column:
+                fail("a column unit or value text needs a column name")
+        if self.kind == "stat" and not self.thresholds:
+            fail("a stat panel needs thresholds (NEUTRAL for a number without good or bad)")
+        values = [value for value, _ in self.thresholds[1:]]
+        if self.thresholds and (self.thresholds[0][0] is not None or None in values
+                                or values != sorted(set(values))):
+            fail("thresholds start with (None, colour), then rise")
 
 
 @dataclass(frozen=True)
@@ -133,218 +245,3 @@ class DashboardSpec:
     @property
     def filename(self) -> str:
         return f"{self.uid}.json"
-
-
-# ---- rendering (the only part that touches the SDK) -------------------------------------
-
-def _sdk() -> Any:
-    try:
-        import grafana_foundation_sdk  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "building dashboards needs grafana-foundation-sdk (Python >= 3.11): "
-            "pip install 'mfotel[dev]' or pip install "
-            "'grafana-foundation-sdk==1769699379!11.6.0'") from exc
-    return grafana_foundation_sdk
-
-
-def _datasource() -> Any:
-    from grafana_foundation_sdk.models.dashboard import DataSourceRef
-    return DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
-
-
-def _variables() -> list[Any]:
-    from grafana_foundation_sdk.builders.dashboard import DatasourceVariable, QueryVariable
-    from grafana_foundation_sdk.models.dashboard import (VariableOption, VariableRefresh,
-                                                         VariableSort)
-    everything = VariableOption(selected=True, text=["All"], value=["$__all"])
-    datasource = (DatasourceVariable("datasource").label("Data source").type("prometheus")
-                  .current(VariableOption(selected=True, text="default", value="default")))
-    job = (QueryVariable("job_name").label("Job").datasource(_datasource())
-           .query(f"label_values({VARIABLE_SOURCE}, job_name)")
-           .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
-           .multi(True).include_all(True).all_value(".*").current(everything))
-    rank = (QueryVariable("rank").label("Rank").datasource(_datasource())
-            .query(f"label_values({VARIABLE_SOURCE}{{{JOB_MATCHER}}}, rank)")
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.NUMERICAL_ASC)
-            .multi(True).include_all(True).all_value(".*").current(everything))
-    return [datasource, job, rank]
-
-
-def _query(target: Target, ref_id: str) -> Any:
-    from grafana_foundation_sdk.builders.prometheus import Dataquery
-    query = (Dataquery().expr(target.expr).legend_format(target.legend or "__auto")
-             .ref_id(ref_id).datasource(_datasource()))
-    if target.instant:
-        from grafana_foundation_sdk.models.prometheus import PromQueryFormat
-        query = query.instant().format(PromQueryFormat.TABLE)
-    else:
-        query = query.range()
-    return query
-
-
-def _mappings(panel: Panel) -> list[Any]:
-    from grafana_foundation_sdk.models.dashboard import ValueMap, ValueMappingResult
-    if not panel.value_texts:
-        return []
-    return [ValueMap(options={str(v.value): ValueMappingResult(text=v.text, color=v.color,
-                                                                 index=i)
-                              for i, v in enumerate(panel.value_texts)})]
-
-
-def _ref(index: int) -> str:
-    return chr(ord("A") + index)
-
-
-def _panel(panel: Panel, panel_id: int) -> Any:
-    from grafana_foundation_sdk.builders import bargauge, common as common_b, stat, table
-    from grafana_foundation_sdk.builders import timeseries
-    from grafana_foundation_sdk.models import common as common_m
-
-    builder: Any
-    if panel.kind == "timeseries":
-        builder = (timeseries.Panel()
-                   .legend(common_b.VizLegendOptions()
-                           .display_mode(common_m.LegendDisplayMode.TABLE)
-                           .placement(common_m.LegendPlacement.BOTTOM)
-                           .show_legend(True).calcs(["lastNotNull", "max"])
-                           .sort_by("Last *").sort_desc(True))
-                   .tooltip(common_b.VizTooltipOptions().mode(common_m.TooltipDisplayMode.MULTI)
-                            .sort(common_m.SortOrder.DESCENDING))
-                   .fill_opacity(10).show_points(common_m.VisibilityMode.NEVER)
-                   .span_nulls(False))
-    elif panel.kind == "stat":
-        builder = (stat.Panel()
-                   .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]))
-                   .graph_mode(common_m.BigValueGraphMode.AREA)
-                   .color_mode(common_m.BigValueColorMode.VALUE)
-                   .text_mode(common_m.BigValueTextMode.AUTO))
-    elif panel.kind == "bargauge":
-        builder = (bargauge.Panel()
-                   .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]))
-                   .orientation(common_m.VizOrientation.HORIZONTAL)
-                   .display_mode(common_m.BarGaugeDisplayMode.BASIC))
-    elif panel.kind == "table":
-        # One row per series: instant queries merged on their labels; the value columns
-        # ("Value #A", ...) renamed after their targets, with their own units.
-        from grafana_foundation_sdk.models.dashboard import (DataTransformerConfig,
-                                                             DynamicConfigValue)
-        columns = {f"Value #{_ref(i)}": t.column for i, t in enumerate(panel.targets)
-                   if t.column}
-        builder = (table.Panel()
-                   .with_transformation(DataTransformerConfig(id_val="merge", options={}))
-                   .with_transformation(DataTransformerConfig(
-                       id_val="organize",
-                       options={"excludeByName": {"Time": True}, "renameByName": columns})))
-        for target in panel.targets:
-            if target.unit:
-                builder = builder.override_by_name(
-                    target.column, [DynamicConfigValue(id_val="unit", value=target.unit)])
-    else:  # pragma: no cover - PanelKind is closed
-        raise ValueError(f"unknown panel kind {panel.kind!r}")
-
-    description = panel.description
-    if panel.needs:
-        description = f"{description} Needs {panel.needs}.".strip()
-    builder = (builder.id(panel_id).title(panel.title).description(description)
-               .datasource(_datasource()).unit(panel.unit))
-    for attr in ("min", "max", "decimals"):
-        value = getattr(panel, attr)
-        if value is not None:
-            builder = getattr(builder, attr)(value)
-    if panel.value_texts:
-        builder = builder.mappings(_mappings(panel))
-    for index, target in enumerate(panel.targets):
-        builder = builder.with_target(_query(target, _ref(index)))
-    return builder
-
-
-def _annotation(annotation: Annotation) -> tuple[Any, dict[str, Any]]:
-    from grafana_foundation_sdk.builders.dashboard import AnnotationQuery
-    builder = (AnnotationQuery().name(annotation.name).datasource(_datasource())
-               .enable(True).hide(False).icon_color(annotation.color).expr(annotation.expr))
-    # Prometheus-specific annotation fields the SDK's generic model does not carry.
-    extra = {"titleFormat": annotation.title, "textFormat": annotation.text,
-             "tagKeys": annotation.tag_keys, "step": "15s", "useValueForTime": False}
-    return builder, extra
-
-
-def layout(spec: DashboardSpec) -> list[tuple[int, list[tuple[int, int]]]]:
-    """Grid positions: per row its y and the (x, y) of its panels, left to right, wrapping
-    at Grafana's 24 columns; a line is as tall as its tallest panel."""
-    placed = []
-    y = 0
-    for row in spec.rows:
-        row_y, y = y, y + 1
-        x, line_height, positions = 0, 0, []
-        for panel in row.panels:
-            if x + panel.width > 24:
-                x, y, line_height = 0, y + line_height, 0
-            positions.append((x, y))
-            x += panel.width
-            line_height = max(line_height, panel.height)
-        y += line_height
-        placed.append((row_y, positions))
-    return placed
-
-
-def to_dict(spec: DashboardSpec) -> dict[str, Any]:
-    """The dashboard as a JSON-ready dict: grid laid out, ids numbered, variables added."""
-    _sdk()
-    from grafana_foundation_sdk.builders.dashboard import Dashboard, DashboardLink
-    from grafana_foundation_sdk.builders.dashboard import Row as SdkRow
-    from grafana_foundation_sdk.cog.encoder import JSONEncoder
-    from grafana_foundation_sdk.models.dashboard import (DashboardCursorSync, DashboardLinkType,
-                                                         GridPos)
-
-    builder = (Dashboard(spec.title).uid(spec.uid).description(spec.description)
-               .tags(sorted({TAG, *spec.tags})).editable().timezone("browser")
-               .refresh(spec.refresh).time(spec.time_from, "now")
-               .tooltip(DashboardCursorSync.CROSSHAIR)
-               .link(DashboardLink("MindFormers dashboards").type(DashboardLinkType.DASHBOARDS)
-                     .tags([TAG]).as_dropdown(True).include_vars(True).keep_time(True)))
-    for variable in _variables():
-        builder = builder.with_variable(variable)
-    extras = []
-    for annotation in spec.annotations:
-        sdk_annotation, extra = _annotation(annotation)
-        builder = builder.annotation(sdk_annotation)
-        extras.append(extra)
-
-    next_id = 1
-    for row, (row_y, positions) in zip(spec.rows, layout(spec)):
-        builder = builder.with_row(SdkRow(row.title).id(next_id)
-                                   .grid_pos(GridPos(h=1, w=24, x=0, y=row_y)))
-        next_id += 1
-        for panel, (x, y) in zip(row.panels, positions):
-            builder = builder.with_panel(
-                _panel(panel, next_id).grid_pos(GridPos(h=panel.height, w=panel.width, x=x, y=y)))
-            next_id += 1
-
-    encoded = json.loads(JSONEncoder(sort_keys=True).encode(builder.build()))
-    # `id` is per Grafana instance: null lets provisioning/import assign one.
-    encoded["id"] = None
-    for entry, extra in zip(encoded.get("annotations", {}).get("list", []), extras):
-        entry.update(extra)
-    check(encoded)
-    return encoded
-
-
-def check(dashboard: dict[str, Any]) -> None:
-    """Invariants every generated dashboard holds; raises AssertionError naming the panel."""
-    ids = [panel["id"] for panel in dashboard["panels"]]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    assert not duplicates, f"{dashboard['uid']}: duplicate panel ids {duplicates}"
-    for panel in dashboard["panels"]:
-        if panel["type"] == "row":
-            continue
-        where = f"{dashboard['uid']} / {panel['title']}"
-        assert panel.get("fieldConfig", {}).get("defaults", {}).get("unit"), f"{where}: no unit"
-        assert panel["datasource"] == {"type": "prometheus", "uid": DATASOURCE_UID}, where
-        grid = panel["gridPos"]
-        assert grid["x"] + grid["w"] <= 24, f"{where}: off the grid {grid}"
-
-
-def render(spec: DashboardSpec) -> str:
-    """The dashboard JSON text, stable across runs (sorted keys, two-space indent)."""
-    return json.dumps(to_dict(spec), indent=2, sort_keys=True) + "\n"

@@ -6,7 +6,7 @@ Every panel but the global gradient norm needs mindformers' native monitoring
 """
 from __future__ import annotations
 
-from .common import ALERTS_ANNOTATION, RANK, DashboardSpec, Panel, Row, Target, sel
+from .common import ALERTS_ANNOTATION, DashboardSpec, Panel, Row, Target, rank_lines, sel
 
 TOP_K = 10
 
@@ -16,9 +16,9 @@ def _native(fmt: str) -> str:
 
 
 norms = Row("Norms", (
-    Panel("Global gradient norm", "none", (Target(sel("mindformers_train_grad_norm"), RANK),),
+    Panel("Global gradient norm", "none", rank_lines(sel("mindformers_train_grad_norm")),
           description="Recorded by mfotel itself, for comparison with the native norms."),
-    Panel("Weight norm", "none", (Target(sel("mindformers_train_weight_norm"), RANK),),
+    Panel("Weight norm", "none", rank_lines(sel("mindformers_train_weight_norm")),
           description="L2 norm of all weights.", needs=_native("weight_state_format")),
     Panel(f"Optimizer state norms (top {TOP_K})", "none", (
         Target(f"topk({TOP_K}, max by (job_name, param, state) "
@@ -32,19 +32,20 @@ norms = Row("Norms", (
     ), description="Largest per-parameter gradient norms, maximum over the selected ranks.",
         needs=_native("local_norm_format")),
     Panel(f"Largest local norms now (top {TOP_K})", "none", (
-        Target(f"sort_desc(topk({TOP_K}, max by (param) "
-               f"({sel('mindformers_train_local_norm')})))", "{{param}}", instant=True),
+        Target(f"sort_desc(topk({TOP_K}, max by (job_name, param) "
+               f"({sel('mindformers_train_local_norm')})))", "{{job_name}} {{param}}",
+               instant=True),
     ), kind="bargauge", width=24, needs=_native("local_norm_format")),
 ))
 
 losses = Row("Local losses and scaling", (
-    Panel("Local loss per rank", "none", (Target(sel("mindformers_train_local_loss"), RANK),),
+    Panel("Local loss per rank", "none", rank_lines(sel("mindformers_train_local_loss")),
           needs=_native("local_loss_format")),
     Panel("Device accumulated local loss", "none",
-          (Target(sel("mindformers_train_device_local_loss"), RANK),),
+          rank_lines(sel("mindformers_train_device_local_loss")),
           needs=_native("device_local_loss_format")),
     Panel("Throughput linearity", "percentunit",
-          (Target(sel("mindformers_train_throughput_linearity"), RANK),),
+          rank_lines(sel("mindformers_train_throughput_linearity")),
           description="Per-device throughput relative to the configured baseline (100% = "
                       "baseline).", needs=_native("throughput_baseline")),
 ))

@@ -2,13 +2,16 @@
 checks that run them against a real Prometheus).
 
     for query in dashboard_queries(json.load(open("grafana/dashboards/x.json"))):
-        expr = substitute(query.expr, {"job_name": ["llama"], "rank": ALL}, rate_interval="1m")
+        expr = substitute(query.expr, {"job_name": ["llama"], "run_id": ALL, "rank": ALL},
+                          rate_interval="1m")
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
+
+from .common import rank_count_gate
 
 #: A variable set to "All": Grafana sends the variable's allValue (`.*` on ours).
 ALL: Sequence[str] = ("$__all",)
@@ -27,6 +30,8 @@ class PanelQuery:
     instant: bool = False
     label: str = ""           # variables: the label whose values they list
     description: str = ""
+    legend: str = ""          # panel targets: legend format and refId
+    ref_id: str = ""
 
     @property
     def where(self) -> str:
@@ -45,7 +50,9 @@ def dashboard_queries(dashboard: Mapping[str, Any]) -> list[PanelQuery]:
             if target.get("expr"):
                 found.append(PanelQuery(uid, panel["title"], target["expr"],
                                         instant=bool(target.get("instant")),
-                                        description=panel.get("description", "")))
+                                        description=panel.get("description", ""),
+                                        legend=target.get("legendFormat", ""),
+                                        ref_id=target.get("refId", "")))
     for annotation in dashboard.get("annotations", {}).get("list", []):
         if annotation.get("expr"):
             found.append(PanelQuery(uid, f"annotation: {annotation['name']}", annotation["expr"],
@@ -61,6 +68,14 @@ def dashboard_queries(dashboard: Mapping[str, Any]) -> list[PanelQuery]:
         found.append(PanelQuery(uid, f"variable: {variable['name']}", match["selector"],
                                 origin="variable", label=match["label"]))
     return found
+
+
+def with_rank_lines_limit(expr: str, limit: int) -> str:
+    """`expr` (before substitution) as if MAX_RANK_LINES were `limit`: with 1, a job of two
+    ranks gets the spread over ranks that a job of thousands gets."""
+    for op in ("<=", ">"):
+        expr = expr.replace(rank_count_gate(op), rank_count_gate(op, limit))
+    return expr
 
 
 def _regex_escape(value: str) -> str:

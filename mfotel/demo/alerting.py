@@ -4,16 +4,15 @@ a NaN injected into a real MindSpore run, and the page arriving at the webhook r
     from mfotel.demo.alerting import run_alerting_demo
     run_alerting_demo(steps=60, nan_at_step=20)
 
-`AlertingStack` is the reusable part (tests use it): it starts the alerts receiver, Alertmanager
-and Prometheus with the shipped `alertmanager.yml`, `prometheus.yml` and rule files (package
-data, as `mfotel assets` writes them), rewritten only where a loopback demo needs it: target and
-receiver addresses, 1 s scrape and evaluation intervals, no group_wait, and every `for:`
-scaled down by the same factor as the scrape interval (15 s -> 1 s: 2m becomes 8s).
+`AlertingStack` is the reusable part (tests and benchmarks use it): it starts the alerts
+receiver, Alertmanager and Prometheus with the shipped `alertmanager.yml`, `prometheus.yml`
+and rule files (package data, as `mfotel assets` writes them), changed only where an operator wiring
+them changes them (`OPERATOR_CHANGES`): the scrape targets, the Alertmanager address, the
+webhook URLs, and the scrape and evaluation intervals (1 s here, 15 s shipped). Rules, routes,
+group_wait and every `for:` are the shipped ones.
 """
 from __future__ import annotations
 
-import math
-import re
 import shutil
 import sys
 import tempfile
@@ -31,21 +30,14 @@ from ..assets import alertmanager_files, prometheus_files, rule_files, write_fil
 from .stack import (ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, Alertmanager, Prometheus,
                     find_binary, free_port)
 
-SHIPPED_SCRAPE_SECONDS = 15.0
 
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def duration_seconds(text: str) -> float:
-    """Seconds of a Prometheus duration ("1h30m", "90s")."""
-    parts = re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"{text!r} is not a Prometheus duration")
-    return sum(int(n) * _UNITS[u] for n, u in parts)
-
-
-def _seconds(value: float) -> str:
-    return f"{max(1, math.ceil(value))}s"
+#: What AlertingStack changes in the shipped files, in the words the demo prints.
+OPERATOR_CHANGES = (
+    "prometheus.yml: scrape_interval and evaluation_interval {interval} (shipped: 15s), the "
+    "scrape targets and the Alertmanager address",
+    "alertmanager.yml: the webhook URLs (the receiver on loopback)",
+    "rules, routes, group_wait and every `for:` as shipped",
+)
 
 
 def shipped_files() -> dict[str, str]:
@@ -68,49 +60,33 @@ def check_binaries() -> None:
 
 
 # ---------------------------------------------------------------- config rewriting
-def loopback_prometheus_config(text: str, targets: Sequence[str], alertmanager: str,
+def operator_prometheus_config(text: str, targets: Sequence[str], alertmanager: str,
                                interval: str = "1s") -> str:
-    """The shipped prometheus.yml pointed at `targets` and `alertmanager`, rules beside it."""
+    """The shipped prometheus.yml as an operator wires it: the static scrape job pointed at
+    `targets`, Alertmanager at `alertmanager`, scrape and evaluation every `interval`.
+
+    Rule files keep their paths (relative to the config file), the file_sd job stays.
+    """
     config = yaml.safe_load(text)
-    config["global"].update(scrape_interval=interval, evaluation_interval=interval,
-                            scrape_timeout=interval)
-    config["rule_files"] = [Path(p).name for p in config["rule_files"]]
+    config["global"].update(scrape_interval=interval, evaluation_interval=interval)
     config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
     job = next(j for j in config["scrape_configs"] if "static_configs" in j)
     job["static_configs"] = [{"targets": list(targets),
                               "labels": job["static_configs"][0].get("labels", {})}]
-    config["scrape_configs"] = [job]     # the file_sd job has no files here
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def loopback_alertmanager_config(text: str, webhook_url: str,
+def operator_alertmanager_config(text: str, webhook_url: str,
                                  http_config: dict[str, Any] | None = None) -> str:
-    """The shipped alertmanager.yml with every webhook sent to `webhook_url`, no waiting
-    (and with `http_config`, e.g. the receiver's credentials, on every webhook)."""
+    """The shipped alertmanager.yml with every webhook sent to `webhook_url` (and with
+    `http_config`, e.g. the receiver's credentials, on every webhook), nothing else."""
     config = yaml.safe_load(text)
-
-    def fast(route: dict[str, Any]) -> None:
-        route["group_wait"], route["group_interval"] = "0s", "1s"
-        for child in route.get("routes", []):
-            fast(child)
-
-    fast(config["route"])
     for receiver in config["receivers"]:
         for webhook in receiver.get("webhook_configs", []):
             webhook["url"] = webhook_url
             if http_config:
                 webhook["http_config"] = http_config
     return yaml.safe_dump(config, sort_keys=False)
-
-
-def scale_for_durations(rule_text: str, factor: float) -> str:
-    """Rule file text with every `for:` multiplied by `factor` (rounded up to whole seconds)."""
-    data = yaml.safe_load(rule_text)
-    for group in data["groups"]:
-        for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = _seconds(duration_seconds(rule["for"]) * factor)
-    return yaml.safe_dump(data, sort_keys=False, width=120)
 
 
 # ---------------------------------------------------------------- the stack
@@ -122,7 +98,7 @@ class AlertingStack:
             stack.receiver.wait_for(lambda a: a.alertname == "MindFormersLossNotFinite")
     """
 
-    def __init__(self, targets: Sequence[str], interval_seconds: float = 1.0,
+    def __init__(self, targets: Sequence[str], interval_seconds: int = 1,
                  out: TextIO | None = sys.stdout, workdir: str | Path | None = None,
                  jsonl_path: str | Path | None = None, verbose: bool = False,
                  receiver_auth: WebhookAuth | None = None,
@@ -132,8 +108,7 @@ class AlertingStack:
         check_binaries()
         self.files = shipped_files()
         self.targets = list(targets)
-        self.interval = _seconds(interval_seconds)
-        self.for_factor = interval_seconds / SHIPPED_SCRAPE_SECONDS
+        self.interval = f"{int(interval_seconds)}s"
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="mfotel-alerting-"))
         self.receiver = AlertsReceiver(port=0, out=out, jsonl_path=jsonl_path, verbose=verbose,
@@ -142,27 +117,30 @@ class AlertingStack:
         self.alertmanager: Alertmanager | None = None
         self.prometheus: Prometheus | None = None
 
+    @property
+    def changes(self) -> list[str]:
+        """What differs from the shipped files, one line per file."""
+        return [line.format(interval=self.interval) for line in OPERATOR_CHANGES]
+
     def start(self) -> "AlertingStack":
         try:
             self.receiver.start()
             am_dir = self.workdir / "alertmanager"
             write_files(alertmanager_files(), am_dir)  # the templates beside the config
             self.alertmanager = Alertmanager(
-                loopback_alertmanager_config(self.files["alertmanager"], self.receiver.url,
+                operator_alertmanager_config(self.files["alertmanager"], self.receiver.url,
                                              self.webhook_http_config),
                 workdir=am_dir).start()
-            rules_dir = self.workdir / "rules"
-            rules_dir.mkdir(parents=True, exist_ok=True)
-            rule_paths = []
+            prom_dir = self.workdir / "prometheus"
+            # the rule files where the shipped config names them, relative to it
+            (prom_dir / "rules").mkdir(parents=True, exist_ok=True)
             for key, name in (("recording", rules_module.RECORDING_FILE),
                               ("alerts", rules_module.ALERTS_FILE)):
-                path = rules_dir / name
-                path.write_text(scale_for_durations(self.files[key], self.for_factor))
-                rule_paths.append(path)
+                (prom_dir / "rules" / name).write_text(self.files[key])
             self.prometheus = Prometheus(
-                loopback_prometheus_config(self.files["prometheus"], self.targets,
+                operator_prometheus_config(self.files["prometheus"], self.targets,
                                            f"127.0.0.1:{self.alertmanager.port}", self.interval),
-                rule_files=rule_paths, workdir=self.workdir / "prometheus").start()
+                workdir=prom_dir).start()
         except BaseException:
             self.stop()
             raise
@@ -204,22 +182,46 @@ class AlertingDemoResult:
 
 
 def step_clock(step: int, sink: dict[int, float]) -> Any:
-    """A MindSpore callback storing the unix time at which `step` ended into sink[step]."""
+    """A MindSpore callback storing the unix time at which `step` ended into sink[step]: the
+    time OTelMonitor stamped on it (`mindformers_train_last_step_timestamp_seconds`, before the
+    monitor's own work, a fast-path post included), else the time this callback ran."""
     from mindspore.train import Callback
 
     class StepClock(Callback):
         def on_train_step_end(self, run_context: Any) -> None:
-            if int(run_context.original_args().cur_step_num) == step:
-                sink[step] = time.time()
+            now = time.time()
+            cb = run_context.original_args()
+            if int(cb.cur_step_num) != step:
+                return
+            stamps = [c.instruments.state.last_step_timestamp
+                      for c in getattr(cb, "list_callback", None) or ()
+                      if getattr(getattr(c, "instruments", None), "state", None) is not None
+                      and c.instruments.state.step == step]
+            sink[step] = min([now, *(s for s in stamps if s is not None)])
     return StepClock()
+
+
+def scrape_gate(prometheus: Prometheus, job_name: str, step: int, timeout: float = 60.0) -> Any:
+    """A MindSpore callback holding the run at the end of `step` until `prometheus` has
+    scraped that step of `job_name`: what follows (a NaN) happens under a live scrape,
+    however loaded the machine is. TimeoutError after `timeout` seconds."""
+    from mindspore.train import Callback
+
+    class ScrapeGate(Callback):
+        def on_train_step_end(self, run_context: Any) -> None:
+            if int(run_context.original_args().cur_step_num) == step:
+                prometheus.wait_for(f'mindformers_train_step{{job_name="{job_name}"}} >= {step}',
+                                    timeout=timeout, interval=0.05)
+    return ScrapeGate()
 
 
 def run_alerting_demo(steps: int = 80, nan_at_step: int = 20, port: int | None = None,
                       job_name: str = "mfotel-alerting-demo", step_seconds: float = 0.1,
-                      timeout: float = 60.0, out: TextIO = sys.stdout,
+                      timeout: float = 60.0, out: TextIO = sys.stdout, fast_path: bool = False,
                       **demo_overrides: Any) -> AlertingDemoResult:
     """Start the stack, train with a NaN at `nan_at_step`, print the page when it arrives.
 
+    `fast_path` also makes the training process post the alert itself (`alertmanager_url`).
     Raises RuntimeError when prometheus/prometheus-alertmanager are not installed, and
     TimeoutError when no page arrives within `timeout` seconds of the end of training.
     """
@@ -235,21 +237,29 @@ def run_alerting_demo(steps: int = 80, nan_at_step: int = 20, port: int | None =
     with AlertingStack([f"127.0.0.1:{port}"], out=out, verbose=True) as stack:
         assert stack.prometheus is not None and stack.alertmanager is not None
         say(f"Prometheus {stack.prometheus.url}, Alertmanager {stack.alertmanager.url}, "
-            f"receiver {stack.receiver.url}; scraping 127.0.0.1:{port} every {stack.interval}")
-        say(f"training {steps} steps (job_name={job_name}), NaN injected at step {nan_at_step}")
+            f"receiver {stack.receiver.url}; scraping 127.0.0.1:{port}")
+        say("the shipped files, changed only in: " + "; ".join(stack.changes))
+        path = "the training process posts it (fast path)" if fast_path else \
+            f"the rule, after the next scrape and evaluation (every {stack.interval})"
+        say(f"training {steps} steps (job_name={job_name}), NaN injected at step {nan_at_step}; "
+            f"{path}")
         settings: dict[str, Any] = {"output": {"console": False}, "linger_seconds": 3.0,
                                     **demo_overrides}
+        if fast_path:
+            settings["alertmanager_url"] = stack.alertmanager.url
+        gate = (scrape_gate(stack.prometheus, job_name, nan_at_step - 1),) \
+            if nan_at_step > 1 else ()
         run_demo(steps=steps, port=port, nan_at_step=nan_at_step, job_name=job_name,
                  min_step_seconds=step_seconds,
-                 extra_callbacks=(step_clock(nan_at_step, clock),), **settings)
+                 extra_callbacks=(*gate, step_clock(nan_at_step, clock)), **settings)
         result.nan_step_time = clock.get(nan_at_step)
         result.page = stack.receiver.wait_for(
             lambda a: a.firing and a.alertname == "MindFormersLossNotFinite"
             and a.labels.get("job_name") == job_name, timeout=timeout)
         result.alerts = stack.receiver.received()
         latency = result.latency_seconds
-        say(f"page received {latency:.1f} s after the NaN step" if latency is not None
-            else "page received")
+        say(f"page received {latency:.2f} s after the end of the NaN step"
+            if latency is not None else "page received")
     return result
 
 
@@ -261,10 +271,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nan-at-step", type=int, default=20)
     parser.add_argument("--port", type=int, default=None, help="/metrics port (default: free)")
     parser.add_argument("--job-name", default="mfotel-alerting-demo")
+    parser.add_argument("--fast-path", action="store_true",
+                        help="the training process also posts the alert to Alertmanager")
     args = parser.parse_args(argv)
     try:
         run_alerting_demo(steps=args.steps, nan_at_step=args.nan_at_step, port=args.port,
-                          job_name=args.job_name)
+                          job_name=args.job_name, fast_path=args.fast_path)
     except (RuntimeError, FileNotFoundError, TimeoutError) as error:
         print(f"mfotel alerting demo: {error}", file=sys.stderr)
         return 1

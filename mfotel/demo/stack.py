@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -143,6 +145,23 @@ class Prometheus(_Server):
                 return result
             time.sleep(interval)
         raise TimeoutError(f"no data for {expr!r} after {timeout}s")
+
+
+    def wait_for_evaluation(self, after: float, timeout: float = 60.0) -> None:
+        """Poll until every rule group was evaluated after unix time `after`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            groups = http_get_json(f"{self.url}/api/v1/rules")["data"]["groups"]
+            if groups and all(unix_seconds(g["lastEvaluation"]) > after for g in groups):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"rules not evaluated after {after} within {timeout}s")
+
+
+def unix_seconds(rfc3339: str) -> float:
+    """Unix seconds of Prometheus' RFC 3339 timestamps (nanoseconds cut to microseconds)."""
+    text = re.sub(r"(\.\d{6})\d+", r"\1", rfc3339).replace("Z", "+00:00")
+    return datetime.fromisoformat(text).timestamp()
 
 
 class Alertmanager(_Server):
