@@ -90,7 +90,8 @@ class Int(Field):
         if isinstance(number, int) and not isinstance(number, bool) \
                 and self.minimum <= number <= self.maximum:
             return number
-        bounds = f">= {self.minimum}" if self.maximum == MAX_COUNT else \
+        too_big = isinstance(number, int) and number > self.maximum
+        bounds = f">= {self.minimum}" if self.maximum == MAX_COUNT and not too_big else \
             f"between {self.minimum} and {self.maximum}"
         raise ConfigError(source, key, f"{show(value)} is not a whole number {bounds}",
                           f"use a whole number {bounds}, e.g. {_leaf(key)}: {self.example}"
