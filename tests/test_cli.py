@@ -133,11 +133,21 @@ def test_check_fails_on_an_output_directory_that_cannot_be_created(tmp_path):
     ("prometheus: {port: 65530}", "8", "8 ranks per node serve ports 65530..65537"),
     ("prometheus: {port: 9464}\n  alertmanager_url: http://127.0.0.1:9466", "4",
      "local rank 2 would serve port 9466, which monitor_config.alertmanager_url uses"),
+    ("file_sd: {path: ./sd.json, hosts: [n1]}", "8",
+     "file_sd.hosts: 1 hosts x 8 ranks per node is fewer than the 16 ranks of the job"),
 ])
 def test_check_refuses_a_port_plan_that_cannot_work(tmp_path, block, ranks, words):
     path = write_yaml(tmp_path, f"monitor_config:\n  {block}\n")
-    done = mfotel("check", "--ranks-per-node", ranks, str(path))
+    done = mfotel("check", "--ranks-per-node", ranks, "--world-size", "16", str(path),
+                  cwd=tmp_path)
     assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_check_warns_about_an_otlp_path_collectors_do_not_serve(tmp_path):
+    path = write_yaml(tmp_path, "monitor_config:\n  otlp: {endpoint: 'http://c:4318/v1/metric'}\n")
+    done = mfotel("check", str(path))
+    assert done.returncode == 0
+    assert "otlp.endpoint: pushes to the path '/v1/metric' as written" in done.stderr
 
 
 def test_check_reports_the_port_plan(tmp_path):

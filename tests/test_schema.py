@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfotel.config import ConfigError, json_schema, parse_config
-from mfotel.config.source import NATIVE_MONITOR_KEYS
+from mfotel.config.settings import NATIVE_MONITOR_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

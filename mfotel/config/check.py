@@ -16,10 +16,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from .errors import ConfigError
 from .keys import parse_config
-from .otel_env import resolve_otel_env
+from .otel_env import OTLP_PATH, resolve_otel_env
 from .preflight import preflight
 from .settings import SECTION, MonitorConfig
 from .source import (callback_entries, config_from_document, entry_settings,
@@ -99,6 +100,11 @@ def check_file(path: str | Path, ranks_per_node: int | None = None,
                                  world_size)
     report.errors += [str(e) for e in errors]
     report.warnings += warnings
+    endpoint = resolved.config.otlp.endpoint
+    if endpoint and not urlsplit(endpoint).path.rstrip("/").endswith(OTLP_PATH):
+        report.warnings.append(f"{path}: {prefix}.otlp.endpoint: pushes to the path "
+                               f"{urlsplit(endpoint).path!r} as written; an OpenTelemetry "
+                               f"Collector listens on {OTLP_PATH} (give the base URL to get it)")
     port = resolved.config.prometheus.port
     report.notes.append(f"ports: the {ranks} ranks of a node serve {port}..{port + ranks - 1} "
                         f"({why})" if port else "ports: /metrics endpoint off (port 0)")

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from .errors import ConfigError, Problems, did_you_mean, show
+from .redact import redact_url
 
 #: Whole-number settings (steps, sizes, series): below 2**31, far above any real run.
 MAX_COUNT = 2**31 - 1
@@ -217,7 +218,6 @@ class Url(Field):
                     ok, problem = False, reason
             if ok:
                 return value
-        from .redact import redact_url  # the bad value may carry a password
         shown = show(redact_url(value)) if isinstance(value, str) else show(value)
         raise ConfigError(source, key, f"{shown} {problem}",
                           f"write an http:// or https:// URL with a host, e.g. "

@@ -12,12 +12,13 @@ from dataclasses import fields, replace
 from typing import Any, Mapping
 
 from ..contract import SEED_METRICS
-from .errors import ConfigError
+from .errors import ConfigError, show
 from .fields import (DAY_SECONDS, Bool, Choice, Constraint, Int, ListOf, Number, Optional,
                      Ranks, Section, StringMap, Template, Text, Url)
-from .settings import (ACTIONS, CARDINALITY_LEVELS, FILE_SD_MODES, SECTION, ActionsConfig,
-                       FileSdConfig, MonitorConfig, NonfiniteRule, OtlpConfig, OutputConfig,
-                       PlateauRule, PrometheusConfig, RunConfig)
+from .redact import redact_headers, redact_url
+from .settings import (ACTIONS, CARDINALITY_LEVELS, FILE_SD_MODES, NATIVE_MONITOR_KEYS, SECTION,
+                       ActionsConfig, FileSdConfig, MonitorConfig, NonfiniteRule, OtlpConfig,
+                       OutputConfig, PlateauRule, PrometheusConfig, RunConfig)
 
 #: Job names are Prometheus label values and parts of file names: a safe, short set.
 JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -223,7 +224,6 @@ def parse_config(data: Mapping[str, Any] | None, source: str = "<kwargs>",
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        from .errors import show
         raise ConfigError(source, prefix, f"{show(data)} is not a mapping",
                           "indent the monitor keys under monitor_config as key: value pairs")
     cfg = MONITOR.check(data, source, prefix)
@@ -240,8 +240,6 @@ def override(cfg: MonitorConfig, overrides: Mapping[str, Any],
 
 def describe(cfg: MonitorConfig) -> dict[str, Any]:
     """The resolved settings as plain data (for `mfotel check`); secrets redacted."""
-    from .redact import redact_headers, redact_url
-
     def plain(obj: Any) -> Any:
         if hasattr(obj, "__dataclass_fields__"):
             return {f.name: plain(getattr(obj, f.name)) for f in fields(obj) if f.compare}
@@ -279,7 +277,6 @@ def json_schema(kind: str = "plain") -> dict[str, Any]:
                 "type": "object", "properties": {SECTION: {"$ref": "#/$defs/monitor_config"}},
                 "$defs": {"monitor_config": block}}
     if kind == "mindformers":
-        from .source import NATIVE_MONITOR_KEYS
         entry = {**block, "properties": {
             "type": {"const": "OTelMonitor"},
             "auto_register": {"type": "string", "description": "module.Class mindformers imports"},

@@ -10,6 +10,14 @@ DEFAULT_JOB_NAME = "mindformers"
 FILE_SD_MODES: tuple[str, ...] = ("job", "rank")
 CARDINALITY_LEVELS: tuple[str, ...] = ("full", "health")
 ACTIONS: tuple[str, ...] = ("stop", "scale_lr", "warn")
+#: mindformers 1.9 `MonitorConfig` keys (tools/register/template.py): mindformers owns a
+#: `monitor_config` holding these, and raises KeyError on any other key.
+NATIVE_MONITOR_KEYS: tuple[str, ...] = (
+    "monitor_on", "dump_path", "target", "invert", "step_interval", "local_loss_format",
+    "local_norm_format", "device_local_norm_format", "device_local_loss_format",
+    "optimizer_state_format", "weight_state_format", "max_attention_logit_format",
+    "throughput_baseline", "print_struct", "check_for_global_norm", "global_norm_spike_threshold",
+    "global_norm_spike_count_threshold", "stable_rank_config", "health_checkpoint")
 
 
 def fill(template: str, rank: int, job_name: str) -> Path:

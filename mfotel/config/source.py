@@ -18,7 +18,7 @@ import yaml
 
 from .errors import ConfigError, Problems, did_you_mean, show
 from .keys import JOB_NAME_PATTERN, KNOWN_KEYS, parse_config
-from .settings import SECTION, MonitorConfig
+from .settings import NATIVE_MONITOR_KEYS, SECTION, MonitorConfig
 
 #: Training YAMLs are a few KB (mindformers' largest are ~20 KB): 4 MiB is generous.
 MAX_BYTES = 4 * 1024 * 1024
@@ -26,14 +26,6 @@ MAX_BYTES = 4 * 1024 * 1024
 MAX_NODES = 200_000
 MAX_DEPTH = 64
 CALLBACK_TYPE = "OTelMonitor"
-#: mindformers 1.9 `MonitorConfig` keys (tools/register/template.py): mindformers owns a
-#: `monitor_config` holding these, and raises KeyError on any other key.
-NATIVE_MONITOR_KEYS: tuple[str, ...] = (
-    "monitor_on", "dump_path", "target", "invert", "step_interval", "local_loss_format",
-    "local_norm_format", "device_local_norm_format", "device_local_loss_format",
-    "optimizer_state_format", "weight_state_format", "max_attention_logit_format",
-    "throughput_baseline", "print_struct", "check_for_global_norm", "global_norm_spike_threshold",
-    "global_norm_spike_count_threshold", "stable_rank_config", "health_checkpoint")
 #: Top-level keys only a mindformers (Trainer) YAML has.
 MINDFORMERS_KEYS = ("trainer", "runner_wrapper", "runner_config", "run_mode", "callbacks")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10x faster, same results

@@ -27,8 +27,8 @@ from typing import Any, Iterator, Mapping
 
 from ..config import KNOWN_KEYS, ConfigError, did_you_mean, parse_config, read_yaml
 from ..config.errors import show
-from ..config.source import (NATIVE_MONITOR_KEYS, callback_entries, entry_settings,
-                             missing_entry_error)
+from ..config.settings import NATIVE_MONITOR_KEYS
+from ..config.source import callback_entries, entry_settings, missing_entry_error
 
 #: The mindformers release whose key list NATIVE_MONITOR_KEYS copies.
 NATIVE_KEYS_VERSION = "1.9."
