@@ -393,6 +393,16 @@ def test_a_bad_url_error_does_not_echo_its_password():
     assert "hunter2" not in str(info.value) and "u:***@c:4318" in str(info.value)
 
 
+def test_errors_never_echo_header_values_or_yaml_lines(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        parse_config({"otlp": {"headers": {"authorization": ["Bearer", "tok-1"]}}})
+    assert "tok-1" not in str(info.value) and "otlp.headers.authorization" in str(info.value)
+    path = write(tmp_path, "monitor_config:\n  otlp: {headers: {authorization: Bearer tok-2, x: [}}\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML .* at line 2, column \d+") as info:
+        load_config(path)
+    assert "tok-2" not in str(info.value)
+
+
 def test_describe_redacts_headers_and_url_passwords():
     cfg = parse_config({"otlp": {"endpoint": "http://u:pw@c:4318/v1/metrics?api_key=k&x=1",
                                  "headers": {"authorization": "Bearer tok", "x-tenant": "t"}},

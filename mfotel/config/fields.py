@@ -237,6 +237,7 @@ class StringMap(Field):
     """key: value pairs of scalars (values become text); `reserved` keys are refused."""
     reserved: tuple[str, ...] = ()
     reason: str = ""
+    secret: bool = False  # values are credentials (headers): never shown
 
     def check(self, value: Any, source: str, key: str) -> dict[str, str]:
         if not isinstance(value, Mapping):
@@ -251,7 +252,8 @@ class StringMap(Field):
                 problems.add(ConfigError(source, f"{key}.{name}", self.reason,
                                          f"remove {name} from {_leaf(key)}"))
             elif isinstance(item, bool) or not isinstance(item, (str, int, float)):
-                problems.add(ConfigError(source, f"{key}.{name}", f"{show(item)} is not a text "
+                shown = "the value" if self.secret else show(item)
+                problems.add(ConfigError(source, f"{key}.{name}", f"{shown} is not a text "
                                          "or number", f"write {name}: a single value"))
             else:
                 out[name] = str(item)

@@ -140,7 +140,8 @@ OTLP = Section(cls=OtlpConfig, doc="push to an OpenTelemetry Collector (OTLP/HTT
                                doc="push interval (OTEL_METRIC_EXPORT_INTERVAL)"),
     "timeout_seconds": Number(0.0, 3600.0, positive=True, unit="seconds", example=5,
                               doc="timeout of a push (OTEL_EXPORTER_OTLP_TIMEOUT)"),
-    "headers": StringMap(doc="HTTP headers, e.g. authorization (OTEL_EXPORTER_OTLP_HEADERS)"),
+    "headers": StringMap(secret=True,
+                         doc="HTTP headers, e.g. authorization (OTEL_EXPORTER_OTLP_HEADERS)"),
 })
 ACTIONS_SECTION = Section(cls=ActionsConfig, doc="monitor-driven actions", keys={
     "plateau": _rule(PlateauRule, {

@@ -105,9 +105,14 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def show_yaml_error(exc: yaml.YAMLError) -> str:
-    """PyYAML's message on one line, bounded (it quotes the offending text)."""
-    text = re.sub(r"\s+", " ", str(exc)).strip()
-    return text if len(text) <= 300 else text[:299] + "…"
+    """PyYAML's problem and position on one line, without the quoted line of the file (it
+    may hold a token, or be megabytes long)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return show(str(exc))
+    words = " ".join(w for w in (exc.context, exc.problem) if w)
+    mark = exc.problem_mark or exc.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return re.sub(r"\s+", " ", words)[:200] + where
 
 
 def read_yaml(path: str | Path) -> Any:
