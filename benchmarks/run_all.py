@@ -11,6 +11,7 @@ BENCHMARKS = [
     ("scrape cost and training while scraped", ["scrape.py"]),
     ("memory over 1M steps", ["memory.py"]),
     ("log parsing speed", ["parse_speed.py"]),
+    ("mfotel check wall time", ["check.py"]),
 ]
 
 

@@ -114,6 +114,9 @@ def test_native_validation_through_mindformers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # before mindformers is imported: it logs to ./output otherwise
     monkeypatch.setenv("LOG_MF_PATH", str(tmp_path / "mf-log"))
     import mindformers  # noqa: F401 - a test dependency: fail, never skip
+    from mindformers.tools.register.template import MonitorConfig
+    from mfotel.config.settings import NATIVE_MONITOR_KEYS
+    assert tuple(MonitorConfig.keys()) == NATIVE_MONITOR_KEYS  # the kept copy is mindformers' own
     problems = check(tmp_path, "monitor_config: {monitor_on: True, dump_path: '', "
                      "optimizer_state_format: logg, target: layers}\n" + ENTRY)
     problem, = problems
