@@ -7,6 +7,8 @@ right path with the right headers.
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,10 +41,13 @@ def push_once(data: dict[str, Any], env: dict[str, str], receiver: OtlpReceiver,
     return resolved
 
 
-def test_the_table_names_every_variable_this_module_reads():
-    names = [row[0] for row in VARIABLES]
-    assert len(names) == len(set(names)) == 13
-    assert all(name.startswith("OTEL_") for name in names)
+def test_the_readme_table_lists_every_variable_with_its_key():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## OpenTelemetry environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `(OTEL_\w+)` \| `?([\w.]+|\(none\))`? \|",
+                                           section, re.M)}
+    assert rows == {name: key if key != "-" else "(none)" for name, key, _ in VARIABLES}
+    assert len(rows) == 13
 
 
 # ---------------------------------------------------------------- OTEL_SERVICE_NAME
