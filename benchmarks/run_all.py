@@ -12,6 +12,7 @@ BENCHMARKS = [
     ("memory over 1M steps", ["memory.py"]),
     ("log parsing speed", ["parse_speed.py"]),
     ("NaN step -> page, shipped alerting files", ["paging_latency.py"]),
+    ("mfotel check wall time", ["check.py"]),
 ]
 
 

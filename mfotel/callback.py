@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 from mindspore.train import Callback
 
 from . import contract
-from .config import (ALIASES, ConfigError, MonitorConfig, check_writable, load_config,
-                     parse_config)
+from .config import (DEFAULT_JOB_NAME, ConfigError, MonitorConfig, check_writable, load_config,
+                     override, parse_config, resolve_otel_env)
+from .config.otel_env import disabled_notice
 from .extract import StepOutputs, cb_param, is_finite, parse_net_outputs, to_float
 from .identity import RankIdentity, RunIdentity, finish_run, identity_from_env, rank_port, start_run
 from .instruments import Instruments
@@ -32,7 +33,6 @@ if TYPE_CHECKING:  # optional parts, imported when configured (the core never ne
     from .cluster.discovery import FileSdWriter
 
 log = logging.getLogger("mfotel")
-DEFAULT_JOB_NAME = "mindformers"
 
 
 def _identity_after_init() -> RankIdentity:
@@ -85,7 +85,13 @@ class OTelMonitor(Callback):
         super().__init__()
         if config is not None and kwargs:
             raise TypeError("pass either a MonitorConfig or keyword arguments, not both")
-        self.config = config or parse_config(kwargs, source="OTelMonitor(...)", prefix="OTelMonitor")
+        config = config or parse_config(kwargs, source="OTelMonitor(...)", prefix="OTelMonitor")
+        resolved = resolve_otel_env(config, default_job_name=self.default_job_name())  # OTEL_*
+        for warning in resolved.warnings:
+            log.warning("mfotel: %s", warning)
+        if disabled_notice(resolved) and config.enable:
+            log.warning(disabled_notice(resolved))
+        self.config = resolved.config
         self.job_name = self.config.job_name or DEFAULT_JOB_NAME
         self.identity = identity_from_env()
         check_writable(self.config, self.identity.rank, self.job_name)
@@ -122,10 +128,12 @@ class OTelMonitor(Callback):
         """From a YAML file's `monitor_config` block; keyword arguments override its keys."""
         cfg = load_config(path)
         if overrides:
-            given = parse_config(overrides, source="from_yaml overrides")
-            cfg = dataclasses.replace(cfg, **{ALIASES.get(k, k): getattr(given, ALIASES.get(k, k))
-                                              for k in overrides})
+            cfg = override(cfg, overrides, source="from_yaml overrides")
         return cls(cfg)
+
+    def default_job_name(self) -> str:
+        """The job name when neither job_name nor OTEL_SERVICE_NAME gives one."""
+        return DEFAULT_JOB_NAME
 
     # ------------------------------------------------------------------ helpers
     def _warn_once(self, key: str, message: str) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import urllib.request
 from typing import Any, Sequence
@@ -11,44 +12,49 @@ import yaml
 from . import __version__
 from .alerting.receiver import add_alerts_receiver_command
 from .assets import add_asset_commands
-from .config import ConfigError, describe, load_config, read_yaml
+from .config import ConfigError, describe, json_schema
 from .actions.control import add_control_command
 from .cluster.discovery import add_targets_command
 from .contract import SEED_METRICS
 from .logs.cli import add_log_commands
 
 
-def _is_mindformers_yaml(path: str) -> bool:
-    try:
-        document = read_yaml(path)
-    except ConfigError:
-        return False
-    return isinstance(document, dict) and any(
-        k in document for k in ("callbacks", "runner_wrapper", "context", "model", "trainer"))
-
-
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate a training YAML's monitor settings; print the resolved values."""
+    """Report every problem of each training YAML (exit 2); print the effective settings."""
+    from .config.check import check_file
     status = 0
     for path in args.config:
-        if _is_mindformers_yaml(path):
-            from .integrations.mindformers_check import check_mindformers_yaml
-            problems = check_mindformers_yaml(
-                path, use_mindformers=False if args.no_mindformers else None)
-            for problem in problems:
-                print(f"error: {problem}", file=sys.stderr)
-            if problems:
-                status = 2
-                continue
-        try:
-            cfg = load_config(path)
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        report = check_file(path, ranks_per_node=args.ranks_per_node, world_size=args.world_size,
+                            use_mindformers=False if args.no_mindformers else None)
+        for line in report.errors:
+            print(f"error: {line}", file=sys.stderr)
+        for line in report.warnings:
+            print(f"warning: {line}", file=sys.stderr)
+        if report.errors:
             status = 2
+            print(f"# {path}: {len(report.errors)} error(s)", file=sys.stderr)
             continue
         print(f"# {path}: OK")
-        print(yaml.safe_dump({"monitor_config": describe(cfg)}, sort_keys=False).rstrip())
+        for line in report.notes:
+            print(f"# {line}")
+        for key, variable in report.sources.items():
+            print(f"# {key}: from {variable}")
+        key = "monitor_config" if report.where == "monitor_config" else \
+            f"{report.where} (type: OTelMonitor)"
+        print(yaml.safe_dump({key: describe(report.config)}, sort_keys=False,
+                             allow_unicode=True).rstrip())
     return status
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Print the JSON Schema of monitor_config (for editors and CI)."""
+    text = json.dumps(json_schema(args.kind), indent=2) + "\n"
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _scrape(url: str) -> str:
@@ -125,11 +131,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    check = sub.add_parser("check", help="validate monitor_config in training YAML files")
+    check = sub.add_parser("check", help="report every problem of the monitor settings in "
+                                         "training YAML files (exit 2)")
     check.add_argument("config", nargs="+", help="training YAML file(s)")
     check.add_argument("--no-mindformers", action="store_true",
                        help="check a mindformers YAML without importing mindformers (faster)")
+    check.add_argument("--ranks-per-node", type=int, default=None,
+                       help="ranks on one node, for the port plan (default: the launcher's "
+                            "LOCAL_WORLD_SIZE, else 8)")
+    check.add_argument("--world-size", type=int, default=None,
+                       help="ranks of the job, checked against file_sd.hosts")
     check.set_defaults(func=cmd_check)
+
+    schema = sub.add_parser("schema", help="print the JSON Schema (draft 2020-12) of "
+                                           "monitor_config, for editors")
+    schema.add_argument("--kind", choices=("plain", "mindformers", "block"), default="plain",
+                        help="plain: a YAML with a monitor_config block; mindformers: the "
+                             "OTelMonitor callback entry; block: the mapping alone")
+    schema.add_argument("--out", default=None, help="write to this file instead of stdout")
+    schema.set_defaults(func=cmd_schema)
 
     demo = sub.add_parser("demo", help="train a tiny MindSpore network on the CPU with metrics")
     demo.add_argument("--steps", type=int, default=400)

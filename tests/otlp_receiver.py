@@ -87,6 +87,7 @@ class OtlpReceiver:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, hang: bool = False,
                  hang_limit_seconds: float = 120.0) -> None:
         self.requests: list[ExportMetricsServiceRequest] = []
+        self.arrivals: list[tuple[str, dict[str, str]]] = []  # (path, headers) of every POST
         self.received = 0    # requests that arrived (decoded or not)
         self.answered = 0
         self.hang, self.hang_limit = hang, hang_limit_seconds
@@ -98,8 +99,13 @@ class OtlpReceiver:
 
     @property
     def url(self) -> str:
+        return self.base_url + PATH
+
+    @property
+    def base_url(self) -> str:
+        """The collector's base URL (OTEL_EXPORTER_OTLP_ENDPOINT style, no path)."""
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}{PATH}"
+        return f"http://{host}:{port}"
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         receiver = self
@@ -110,7 +116,7 @@ class OtlpReceiver:
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver._arrived()
+                receiver._arrived(self.path, {k.lower(): v for k, v in self.headers.items()})
                 if receiver.hang:
                     receiver._released.wait(receiver.hang_limit)
                 if self.path != PATH:
@@ -135,8 +141,9 @@ class OtlpReceiver:
                     receiver._changed.notify_all()
         return Handler
 
-    def _arrived(self) -> None:
+    def _arrived(self, path: str, headers: dict[str, str]) -> None:
         with self._changed:
+            self.arrivals.append((path, headers))
             self.received += 1
             self._changed.notify_all()
 

@@ -16,6 +16,7 @@ model:
   model_config: {type: LlamaConfig, use_rope_slice: True}
 runner_wrapper: {type: CPUTrainOneStepCell, use_clip_grad: True}
 """
+ENTRY = "callbacks: [{type: MFLossMonitor}, {type: OTelMonitor, step_interval: 10}]\n"
 
 
 def check(tmp_path: Path, text: str, **kwargs) -> list[str]:
@@ -63,8 +64,32 @@ def test_problem_is_reported(tmp_path, text, expected):
 
 
 def test_not_cpu_means_no_cpu_pitfalls(tmp_path):
-    text = CPU_BASE.replace("CPU", "Ascend") + "monitor_config: {monitor_on: True}\n"
+    text = CPU_BASE.replace("CPU", "Ascend") + "monitor_config: {monitor_on: True}\n" + ENTRY
     assert check(tmp_path, text, use_mindformers=False) == []
+
+
+def test_missing_entry_is_diagnosed_not_the_native_keys(tmp_path):
+    """Without an OTelMonitor entry mfotel is off; native keys like dump_path are fine."""
+    text = CPU_BASE + "monitor_config: {monitor_on: False, dump_path: ''}\n"
+    problem, = check(tmp_path, text, use_mindformers=False)
+    assert "run.yaml: callbacks: this mindformers YAML has no `type: OTelMonitor`" in problem
+    assert "Fix: add `- type: OTelMonitor` to `callbacks:`" in problem
+    assert "dump_path" not in problem
+
+
+def test_misspelt_entry_type_gets_did_you_mean(tmp_path):
+    text = CPU_BASE + "callbacks: [{type: MFLossMonitor}, {type: OtelMonitor, step_interval: 5}]\n"
+    problem, = check(tmp_path, text, use_mindformers=False)
+    assert "callbacks[1].type: 'OtelMonitor' is not a callback mfotel registers" in problem
+    assert "(did you mean 'OTelMonitor'?)" in problem
+
+
+def test_every_problem_of_the_entry_is_reported(tmp_path):
+    text = ("callbacks:\n  - type: OTelMonitor\n    step_interval: 0\n    metrics: [loss, lr]\n"
+            "    output: {consol: true}\n")
+    problems = check(tmp_path, text, use_mindformers=False)
+    assert [p.split(": ")[1] for p in problems] == [
+        "callbacks[0].step_interval", "callbacks[0].metrics[1]", "callbacks[0].output.consol"]
 
 
 def test_auto_register_key_is_mindformers_not_ours(tmp_path):
@@ -79,7 +104,7 @@ def test_unquoted_rank_in_a_flow_mapping_is_reported_with_a_fix(tmp_path):
 
 
 def test_problems_name_the_file(tmp_path):
-    problem, = check(tmp_path, "monitor_config: {monitor_on: True, dump_pth: x}\n",
+    problem, = check(tmp_path, "monitor_config: {monitor_on: True, dump_pth: x}\n" + ENTRY,
                      use_mindformers=False)
     assert problem.startswith(str(tmp_path / "run.yaml"))
 
@@ -89,8 +114,11 @@ def test_native_validation_through_mindformers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # before mindformers is imported: it logs to ./output otherwise
     monkeypatch.setenv("LOG_MF_PATH", str(tmp_path / "mf-log"))
     import mindformers  # noqa: F401 - a test dependency: fail, never skip
+    from mindformers.tools.register.template import MonitorConfig
+    from mfotel.config.settings import NATIVE_MONITOR_KEYS
+    assert tuple(MonitorConfig.keys()) == NATIVE_MONITOR_KEYS  # the kept copy is mindformers' own
     problems = check(tmp_path, "monitor_config: {monitor_on: True, dump_path: '', "
-                     "optimizer_state_format: logg, target: layers}\n")
+                     "optimizer_state_format: logg, target: layers}\n" + ENTRY)
     problem, = problems
     assert "(mindformers' TrainingStateMonitor)" in problem
     assert check_mindformers_yaml(EXAMPLE) == []

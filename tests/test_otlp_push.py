@@ -6,6 +6,7 @@ that is down is counted and warned about once, and that a hung collector does no
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -13,7 +14,10 @@ from typing import Any
 import pytest
 
 from conftest import samples, scrape, value
-from mfotel.config import parse_config
+from opentelemetry.sdk.metrics import MeterProvider
+
+from mfotel.cluster.otlp import OtlpPush
+from mfotel.config import OtlpConfig, parse_config
 from mfotel.contract import CONTRACT
 from mfotel.identity import RankIdentity
 from mfotel.instruments import Instruments
@@ -141,3 +145,45 @@ def test_hung_collector_does_not_hold_training(port, in_tmp):
     received, answered = at_last_step[0]
     assert received >= 1 and answered == 0  # steps 4..20 ran while that push hung
     assert result.monitor.instruments.state.export_errors["otlp"] == 0  # released, not failed
+
+
+def _otlp_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "OTLP" in r.getMessage()]
+
+
+def test_a_dead_push_thread_is_counted_and_warned_about_once(caplog):
+    """The SDK's reader thread dies silently on errors outside the export (here an interval
+    too large for Event.wait, which config validation refuses but a direct OtlpConfig does not)."""
+    errors: list[str] = []
+    cfg = OtlpConfig(endpoint=f"http://127.0.0.1:{free_port()}/v1/metrics", interval_seconds=1e300)
+    with caplog.at_level(logging.WARNING, logger="mfotel"):
+        telemetry = Telemetry(parse_config({"prometheus": {"port": 0}}), RankIdentity(), JOB,
+                              on_error=errors.append)
+        telemetry.cfg = dataclasses.replace(telemetry.cfg, otlp=cfg)
+        telemetry.start()
+        threads = [r._daemon_thread for p in telemetry.providers for r in p._metric_readers
+                   if getattr(r, "_daemon_thread", None) is not None]
+        for thread in threads:
+            thread.join(10)
+    assert len(threads) == 2 and not any(t.is_alive() for t in threads)
+    assert errors == ["otlp", "otlp"]  # each reader's death counted
+    warning, = _otlp_warnings(caplog)
+    assert warning.startswith("mfotel: the OTLP push thread stopped (OverflowError")
+    assert 'mfotel_export_errors_total{stage="otlp"}' in warning
+    telemetry.shutdown()
+
+
+def test_failure_warnings_never_show_the_url_password(caplog):
+    down = f"http://trainer:s3cret-pw@127.0.0.1:{free_port()}"
+    errors: list[int] = []
+    push = OtlpPush(parse_config({"otlp": {"endpoint": down, "timeout_seconds": 0.5}}).otlp,
+                    on_error=lambda: errors.append(1))
+    with caplog.at_level(logging.WARNING, logger="mfotel"):
+        provider = MeterProvider(metric_readers=[push.reader()])
+        provider.get_meter("t").create_counter("c").add(1)
+        provider.force_flush(timeout_millis=5000)  # an export; nothing is listening
+        provider.shutdown(timeout_millis=2000)
+    assert errors
+    warning, = _otlp_warnings(caplog)
+    assert "s3cret-pw" not in warning
+    assert "http://trainer:***@127.0.0.1:" in warning and "/v1/metrics" in warning

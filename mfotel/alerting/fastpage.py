@@ -14,6 +14,7 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Callable
 
+from ..config.redact import redact_text, redact_url
 from .rules import RulesConfig
 
 log = logging.getLogger("mfotel")
@@ -53,7 +54,7 @@ def page_async(url: str, alert: dict, on_error: Callable[[], None]) -> threading
         except Exception as exc:  # noqa: BLE001 - paging must never break training
             on_error()
             log.warning("mfotel: could not post the alert to Alertmanager at %s (%s); the "
-                        "Prometheus rule will still page", url, exc)
+                        "Prometheus rule will still page", redact_url(url), redact_text(str(exc)))
     thread = threading.Thread(target=run, name="mfotel-fastpage", daemon=True)
     thread.start()
     return thread

@@ -5,7 +5,9 @@ thread only assigns plain attributes. When the collector is down or hangs, an ex
 after `otlp.timeout_seconds` on that thread: the failure is counted in
 `mfotel_export_errors_total{stage="otlp"}` and warned about once (the SDK's own per-failure
 log lines are absorbed into that one warning). At the end of training, the final push waits
-at most `otlp.timeout_seconds`.
+at most `otlp.timeout_seconds`. If the reader's thread itself dies (an error outside the
+export), that is counted and warned about the same way, never silent. Warnings never show
+URL passwords.
 
     push = OtlpPush(cfg.otlp, on_error=lambda: count("otlp"))
     provider = MeterProvider(metric_readers=[push.reader()], resource=resource)
@@ -19,7 +21,8 @@ from typing import Any, Callable
 from opentelemetry.sdk.metrics.export import (MetricExporter, MetricExportResult,
                                               PeriodicExportingMetricReader)
 
-from ..config import OtlpConfig
+from ..config import OtlpConfig, metrics_url
+from ..config.redact import redact_text, redact_url
 
 log = logging.getLogger("mfotel")
 #: Loggers of the OTLP exporter that log every failed export (and every retry).
@@ -76,8 +79,9 @@ class CountingExporter(MetricExporter):
             reason = reason or _ABSORB.last.pop(thread, "")
         if result is not MetricExportResult.SUCCESS:
             self.on_error()
-            self.warn_once(f"mfotel: OTLP export to {self.endpoint} failed ({reason or 'no reason given'}); "
-                           f"training continues, further failures are counted in "
+            self.warn_once(f"mfotel: OTLP export to {redact_url(self.endpoint)} failed "
+                           f"({redact_text(reason) or 'no reason given'}); training continues, "
+                           f"further failures are counted in "
                            f"mfotel_export_errors_total{{stage=\"otlp\"}}")
         return result
 
@@ -86,6 +90,25 @@ class CountingExporter(MetricExporter):
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+class GuardedReader(PeriodicExportingMetricReader):
+    """A periodic reader whose thread, should it die, is counted and warned about.
+
+    The SDK's `_ticker` catches only collection timeouts: anything else (e.g. an interval too
+    large for `Event.wait`) ends the thread silently, and pushes stop with no error counted.
+    """
+
+    def __init__(self, exporter: MetricExporter, on_death: Callable[[BaseException], None],
+                 **kwargs: Any) -> None:
+        self._on_death = on_death  # before super(): the thread starts in its __init__
+        super().__init__(exporter, **kwargs)
+
+    def _ticker(self) -> None:
+        try:
+            super()._ticker()
+        except BaseException as exc:  # noqa: BLE001 - the thread's last word, never lost
+            self._on_death(exc)
 
 
 class OtlpPush:
@@ -101,13 +124,23 @@ class OtlpPush:
             self.warned = True
             log.warning(message)
 
+    def _died(self, exc: BaseException) -> None:
+        self.on_error()
+        self._warn_once(f"mfotel: the OTLP push thread stopped ({type(exc).__name__}: "
+                        f"{redact_text(str(exc))}); training continues without OTLP pushes, "
+                        f"counted in mfotel_export_errors_total{{stage=\"otlp\"}}")
+
     def reader(self, **reader_kwargs: Any) -> PeriodicExportingMetricReader:
-        """A periodic reader pushing to `cfg.endpoint` (kwargs go to the reader)."""
+        """A periodic reader pushing to `cfg.endpoint` (kwargs go to the reader).
+
+        A base URL (`http://collector:4318`) gets `/v1/metrics` appended, as OTel SDKs do.
+        """
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         cfg = self.cfg
-        inner = OTLPMetricExporter(endpoint=cfg.endpoint, headers=dict(cfg.headers),
+        url = metrics_url(cfg.endpoint or "")
+        inner = OTLPMetricExporter(endpoint=url, headers=dict(cfg.headers),
                                    timeout=cfg.timeout_seconds)
-        return PeriodicExportingMetricReader(
-            CountingExporter(inner, self.on_error, self._warn_once, cfg.endpoint or ""),
+        return GuardedReader(
+            CountingExporter(inner, self.on_error, self._warn_once, url), self._died,
             export_interval_millis=cfg.interval_seconds * 1000,
             export_timeout_millis=cfg.timeout_seconds * 1000, **reader_kwargs)

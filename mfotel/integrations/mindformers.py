@@ -45,6 +45,7 @@ from mindformers.wrapper.wrapper import MFTrainOneStepCell, get_real_models
 
 from ..callback import OTelMonitor
 from ..config import ConfigError
+from ..config.source import safe_job_name
 from ..extract import StepOutputs, cb_param, parse_net_outputs, to_float
 
 log = logging.getLogger("mfotel")
@@ -365,10 +366,6 @@ class MindFormersOTelMonitor(OTelMonitor):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if not args and kwargs.get("config") is None and "job_name" not in kwargs:
-            stem = config_stem(sys.argv)
-            if stem:
-                kwargs["job_name"] = stem
         try:
             super().__init__(*args, **kwargs)
         except ConfigError as exc:
@@ -377,6 +374,10 @@ class MindFormersOTelMonitor(OTelMonitor):
             raise ValueError(str(exc)) from None
         self.bridge: NativeBridge | None = None
         self._param_names: list[str] | None = None
+
+    def default_job_name(self) -> str:
+        """The stem of the launcher's `--config` YAML (a default: OTEL_SERVICE_NAME wins)."""
+        return safe_job_name(config_stem(sys.argv) or "") or super().default_job_name()
 
     def on_train_begin(self, run_context: Any) -> None:
         if not self.config.enable:

@@ -1,0 +1,132 @@
+"""Checks against the machine, not the document: writable directories and the port plan.
+
+    path = check_writable(cfg, rank, job_name)          # at start: creates the log directory
+    errors, warnings = preflight(cfg, ranks_per_node=8) # `mfotel check`: creates nothing
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .errors import ConfigError
+from .settings import SECTION, MonitorConfig, fill
+
+MAX_PORT = 65535
+#: Default ports of the neighbours a rank's range should not cover.
+WELL_KNOWN_PORTS = {3000: "Grafana", 4317: "OTLP/gRPC", 4318: "OTLP/HTTP", 9090: "Prometheus",
+                    9093: "Alertmanager", 9094: "Alertmanager cluster", 9100: "node_exporter"}
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
+
+
+def check_writable(cfg: MonitorConfig, rank: int, job_name: str) -> Path | None:
+    """Create the file sink's directory and prove it writable; the resolved path, or None."""
+    if not (cfg.enable and cfg.output.file):
+        return None
+    path = cfg.output.resolved_file_path(rank, job_name)
+    key = f"{SECTION}.output.file_path"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(cfg.source, key, f"cannot create directory {path.parent} ({exc.strerror})",
+                          "choose a writable file_path or fix the directory's permissions") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(cfg.source, key, f"{path} is not writable",
+                          "choose a writable file_path or fix the permissions")
+    return path
+
+
+def writable_problem(path: Path) -> str | None:
+    """Why `path` could not be created and written (nothing is created), or None."""
+    if path.exists():
+        if not path.is_file():
+            return f"{path} exists and is not a regular file"
+        return None if os.access(path, os.W_OK) else f"{path} is not writable"
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is not a directory, so {path.parent} cannot be created"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        what = "directory" if ancestor == path.parent else f"directory (to create {path.parent})"
+        return f"cannot write in the {what} {ancestor}"
+    return None
+
+
+def output_paths(cfg: MonitorConfig, job_name: str, rank: int = 0) -> list[tuple[str, Path]]:
+    """(key path, file) of every file the run writes, for `rank`."""
+    paths: list[tuple[str, Path]] = []
+    if cfg.output.file:
+        paths.append(("output.file_path", cfg.output.resolved_file_path(rank, job_name)))
+    sd_path = cfg.file_sd.resolved_path(rank, job_name)
+    if sd_path is not None and cfg.prometheus.port:
+        paths.append(("file_sd.path", sd_path))
+    if cfg.run.state_file:
+        paths.append(("run.state_file", fill(cfg.run.state_file, rank, job_name)))
+    return paths
+
+
+def _local_port(url: str | None, hosts: tuple[str, ...]) -> int | None:
+    """The port of `url` when it points at this machine (or at `hosts`), else None."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return port if (parts.hostname or "") in hosts else None
+
+
+def port_plan(cfg: MonitorConfig, ranks_per_node: int, prefix: str
+              ) -> tuple[list[ConfigError], list[str]]:
+    """Errors and warnings of the ports a node's ranks serve: base .. base + ranks - 1."""
+    base = cfg.prometheus.port
+    errors: list[ConfigError] = []
+    warnings: list[str] = []
+    if not base:
+        return errors, warnings
+    key = f"{prefix}.prometheus.port"
+    last = base + ranks_per_node - 1
+    if last > MAX_PORT:
+        errors.append(ConfigError(cfg.source, key, f"{ranks_per_node} ranks per node serve ports "
+                                  f"{base}..{last} (port + local rank), past {MAX_PORT}",
+                                  f"use a base port of at most {MAX_PORT - ranks_per_node + 1}"))
+        return errors, warnings
+    hosts = (*_LOCAL_HOSTS, socket.gethostname(), cfg.prometheus.host)
+    for name, url in (("alertmanager_url", cfg.alertmanager_url), ("otlp.endpoint", cfg.otlp.endpoint)):
+        port = _local_port(url, hosts)
+        if port is not None and base <= port <= last:
+            errors.append(ConfigError(cfg.source, key, f"local rank {port - base} would serve "
+                                      f"port {port}, which {prefix}.{name} uses on this host",
+                                      f"move the ranks' range {base}..{last} or the {name} port"))
+    for port, owner in WELL_KNOWN_PORTS.items():
+        if base <= port <= last:
+            warnings.append(f"{cfg.source}: {key}: the ranks' ports {base}..{last} include "
+                            f"{port}, {owner}'s default port: a rank will fail to bind if "
+                            f"{owner} runs on the node")
+    if base < 1024:
+        warnings.append(f"{cfg.source}: {key}: ports below 1024 need root or "
+                        f"CAP_NET_BIND_SERVICE; the ranks serve {base}..{last}")
+    return errors, warnings
+
+
+def preflight(cfg: MonitorConfig, job_name: str, ranks_per_node: int, prefix: str = SECTION,
+              world_size: int | None = None) -> tuple[list[ConfigError], list[str]]:
+    """What would fail at start on this machine: unwritable outputs and the port plan."""
+    errors, warnings = port_plan(cfg, ranks_per_node, prefix) if cfg.enable else ([], [])
+    if not cfg.enable:
+        return errors, warnings
+    for key, path in output_paths(cfg, job_name):
+        problem = writable_problem(path)
+        if problem:
+            errors.append(ConfigError(cfg.source, f"{prefix}.{key}", f"{problem} (checked for "
+                                      "rank 0 on this machine)",
+                                      "choose a writable path or fix the directory's permissions"))
+    hosts = cfg.file_sd.hosts
+    if world_size and hosts and cfg.file_sd.mode == "job" and len(hosts) * ranks_per_node < world_size:
+        errors.append(ConfigError(cfg.source, f"{prefix}.file_sd.hosts", f"{len(hosts)} hosts x "
+                                  f"{ranks_per_node} ranks per node is fewer than the "
+                                  f"{world_size} ranks of the job", "list every node once"))
+    return errors, warnings
