@@ -63,15 +63,15 @@ def test_plot_of_two_runs_draws_exactly_the_logged_values(tmp_path: Path) -> Non
     for run, logged in EXPECTED.items():
         for metric in ("loss", "learning_rate", "grad_norm", "throughput"):
             finite = [(s, v[metric]) for s, v in sorted(logged.items()) if math.isfinite(v[metric])]
-            line = drawn[f"{run}/0/{metric}/raw"]
+            line = drawn[f"{run}/0/mfotel-{run[5:]}/{metric}/raw"]
             assert list(line.get_xdata()) == [s for s, _ in finite]
             assert list(line.get_ydata()) == [v for _, v in finite]
             bad = [s for s, v in sorted(logged.items()) if not math.isfinite(v[metric])]
-            marker = drawn.get(f"{run}/0/{metric}/nonfinite")
+            marker = drawn.get(f"{run}/0/mfotel-{run[5:]}/{metric}/nonfinite")
             assert (list(marker.get_xdata()) if marker else []) == bad
     legend = figure.legends[0]
     assert {t.get_text() for t in legend.get_texts()} == {"demo-text", "demo-json", "NaN/Inf"}
-    # the first non-finite loss step of each run is marked across all four panels
+    # the first non-finite loss step of each run is marked across all five panels
     first_bad = {run: min(s for s, v in logged.items() if math.isnan(v["loss"]))
                  for run, logged in EXPECTED.items()}
     for ax in figure.axes:
@@ -136,7 +136,8 @@ def test_summary_values_of_a_run_with_a_nan(tmp_path: Path) -> None:
     (run / "train_config.yaml").write_text("monitor_config:\n  step_interval: 1\n")
     (summary,) = summarize(discover_runs([run]))
     assert summary.config == run / "train_config.yaml"
-    rank = summary.ranks[0]
+    assert list(summary.ranks) == [(0, "mfotel-text")]
+    rank = summary.ranks[0, "mfotel-text"]
     logged = EXPECTED["demo-text"]
     finite = {s: v["loss"] for s, v in logged.items() if math.isfinite(v["loss"])}
     throughputs = [v["throughput"] for v in logged.values()]
@@ -153,8 +154,9 @@ def test_summary_cli_prints_a_markdown_table_per_run(capsys) -> None:
     assert logs_main(["summary", str(DEMO_JSON), str(TWO_RANKS), "-q"]) == 0
     text = capsys.readouterr().out
     assert text.count("\n## ") + text.startswith("## ") == 2
-    assert "| 0 | 30 | 1..30 | 18.2512 | nan | 1.71008 (9) | 26 (loss=nan+grad_norm=nan) |" in text
-    assert "| 1 | 6 | 2..12 |" in text
+    assert ("| 0 | mfotel-json | 30 | 1..30 | 18.2512 | nan | 1.71008 (9) | "
+            "26 (loss=nan+grad_norm=nan) |") in text
+    assert "| 1 | mfotel-text | 6 | 2..12 |" in text
 
 
 def test_strict_turns_unparseable_lines_into_exit_1(tmp_path: Path, capsys) -> None:
