@@ -6,7 +6,8 @@
 matplotlib is imported here only, lazily, with the Agg backend (no display, no pyplot state).
 Each (run, rank, source) is one series with its own colour, dash pattern and width, so equal
 curves stay visible on top of each other; series with few points get markers. The loss axis
-is logarithmic when the loss spans a decade or more (`auto_log=False` turns that off);
+and the step-time axis are logarithmic when their values span a decade or more
+(`auto_log=False` turns that off);
 `log_scale=True` makes every panel logarithmic. Steps whose value is NaN/Inf are marked with
 an `x` on the top edge of their subplot, and the first non-finite loss step of each series
 with a dotted vertical line on every subplot.
@@ -28,12 +29,13 @@ if TYPE_CHECKING:
 PANELS: tuple[tuple[str, str], ...] = (
     ("loss", "loss"), ("learning_rate", "learning rate"), ("grad_norm", "grad norm"),
     ("throughput", "throughput (samples/s)"), ("step_time", "step time (s)"))
-AUTO_LOG_PANELS = ("loss",)
+AUTO_LOG_PANELS = ("loss", "step_time")   # a first step that compiles the graph, for one
 AUTO_LOG_SPAN = 10.0          # max / min of the finite values: a decade or more
 SPARSE_POINTS = 40            # series with at most this many points get markers
 # Dash patterns and widths cycle apart from the 10 colours: a later series is drawn thinner
 # and dashed over an earlier one, so two identical curves still show both colours.
-LINE_STYLES: tuple[object, ...] = ("-", (0, (5, 2)), (0, (3, 1, 1, 1)), (0, (1, 1.5)))
+LINE_STYLES: tuple[object, ...] = ("-", (0, (5, 2)), (0, (3, 1, 1, 1)),
+                                   (0, (6, 1.5, 1, 1.5, 1, 1.5)))
 LINE_WIDTHS = (2.4, 1.8, 1.4, 1.1)
 MARKERS = ("o", "s", "^", "D", "v", "P")
 
@@ -140,6 +142,18 @@ def _can_log(ax: "Axes") -> bool:
                for y in line.get_ydata())
 
 
+def _plain_log_labels(ax: "Axes") -> None:
+    """`20`, `0.003` instead of `2x10^1`, `3x10^-3` on a log axis (minor ticks labelled
+    when the axis spans few decades, as matplotlib decides)."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return f"{x:g}"
+    ax.yaxis.set_major_formatter(Plain(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
 def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
                  log_scale: bool = False, title: str | None = None,
                  auto_log: bool = True) -> "Figure":
@@ -176,12 +190,14 @@ def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
                     style.update(marker=MARKERS[index % len(MARKERS)], markersize=4)
                 smoothing = bool(smooth) and metric != "learning_rate"
                 # with smoothing the faint raw line stays out of the legend
-                raw = ax.plot(xs, ys, label="_raw" if smoothing else label,
-                              alpha=0.3 if smoothing else 1.0, **style)[0]
-                raw.set_gid(f"{item.gid}/{metric}/raw")
                 if smoothing:
+                    raw = ax.plot(xs, ys, label="_raw", alpha=0.3,
+                                  **{**style, "marker": None})[0]
                     line = ax.plot(xs, ema(ys, smooth), label=label, **style)[0]
                     line.set_gid(f"{item.gid}/{metric}/smooth")
+                else:
+                    raw = ax.plot(xs, ys, label=label, **style)[0]
+                raw.set_gid(f"{item.gid}/{metric}/raw")
             bad = [s for s, v in zip(steps, values) if not math.isfinite(v)]
             if bad:
                 has_data = True
@@ -196,6 +212,7 @@ def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
         if has_data and _can_log(ax) and (
                 log_scale or (auto_log and metric in AUTO_LOG_PANELS and _spans_decades(ax))):
             ax.set_yscale("log")
+            _plain_log_labels(ax)
         if not has_data:
             ax.text(0.5, 0.5, "not in the logs", transform=ax.transAxes, ha="center",
                     va="center", color="gray")
