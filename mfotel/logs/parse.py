@@ -167,7 +167,7 @@ _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\
 def _prefix_time(prefix: str) -> float | None:
     """Unix time of a logger timestamp (`2025-12-02 10:30:00,123`, local time) in `prefix`;
     None when there is none or it is not a real date (a logger's field, not ours to judge)."""
-    match = _TIMESTAMP.search(prefix)
+    match = _TIMESTAMP.search(prefix, 0, 256)     # loggers put it first; bounded work
     if match is None:
         return None
     y, mo, d, h, mi, s, frac = match.groups()
@@ -212,29 +212,30 @@ def _parse_text(text: str, at: int) -> tuple[dict, bool]:
     values: dict = {}
     stamped = False
     parts = body.split(",")
+    last = len(parts) - 1
     for index, part in enumerate(parts):
         key, sep, raw = part.partition(":")
-        key, raw = key.strip(), raw.strip()
         if not sep:
             raise ValueError(f"expected 'key: value', got {part.strip()[:40]!r}")
-        if key == TIME_KEY:
-            if index != len(parts) - 1:
-                raise ValueError("time is not the last field")
-            values["time"] = _unix_time(_line_time(raw))
-            stamped = True
-        elif key in ("step", "epoch"):
+        key = key.strip()
+        target = _TEXT_KEYS.get(key)
+        if target is not None:
+            if _TEXT_UNITS and key in _TEXT_UNITS:
+                raw = raw.strip().removesuffix(_TEXT_UNITS[key])
+            try:
+                values[target] = float(raw)      # float() ignores the spaces around it
+            except ValueError:
+                raise ValueError(f"{key}: {raw.strip()[:40]!r} is not a number") from None
+        elif key == "step" or key == "epoch":
             head = raw.split("/", 1)[0].strip()
             if not (head.isascii() and head.isdigit()) or len(head) > 20:
-                raise ValueError(f"{key}: {raw[:40]!r} is not a non-negative integer")
+                raise ValueError(f"{key}: {raw.strip()[:40]!r} is not a non-negative integer")
             values[key] = _bounded_int(key, int(head), MAX_STEP)
-        elif key in _TEXT_KEYS:
-            unit = _TEXT_UNITS.get(key)
-            if unit and raw.endswith(unit):
-                raw = raw[:-len(unit)].rstrip()
-            try:
-                values[_TEXT_KEYS[key]] = float(raw)
-            except ValueError:
-                raise ValueError(f"{key}: {raw[:40]!r} is not a number") from None
+        elif key == TIME_KEY:
+            if index != last:
+                raise ValueError("time is not the last field")
+            values["time"] = _unix_time(_line_time(raw.strip()))
+            stamped = True
         # other keys: newer writers may add fields; they carry nothing a Row holds
     if "step" not in values:
         raise ValueError("no step")
@@ -337,6 +338,9 @@ _B_PROGRESS = b"samples/s/p"
 _PROGRESS_EVERY = 1 << 14   # lines between progress callbacks
 
 
+_NO_ROWS: tuple[Row, ...] = ()
+
+
 class _Overlong(bytes):
     """The start of a line longer than the limit; `size` is its full length in bytes."""
     size: int
@@ -372,48 +376,49 @@ class _LineParser:
     def problem(self, line: int, reason: str, text: str) -> None:
         self.report.add_problem(self.path, line, reason, text)
 
-    def feed(self, line_no: int, raw: bytes, ended: bool) -> Iterator[Row]:
-        """Rows completed by line `line_no`; `ended`: the line had its line end."""
-        if isinstance(raw, _Overlong):
+    def feed(self, line_no: int, raw: bytes, ended: bool) -> tuple[Row, ...]:
+        """Rows completed by line `line_no` (usually none or one); `ended`: the line had its
+        line end. A tuple, not a generator: this runs once per line."""
+        if raw.__class__ is _Overlong:
             self.problem(line_no, f"line of {raw.size} bytes is longer than the "
                                   f"{MAX_LINE_BYTES}-byte limit; skipped", _text(raw[:200]))
-            return
+            return _NO_ROWS
         kind = _line_kind(raw)
         if kind is None:
-            return
+            return _NO_ROWS
         text = _text(raw)
         if kind == "progress":
             self.progress(line_no, text)
-            return
+            return _NO_ROWS
         try:
             values, stamped = self.values(kind, text)
         except (ValueError, OverflowError) as exc:
             self.problem(line_no, f"{kind}: {exc}", text)
-            return
+            return _NO_ROWS
         if values is None:
-            return
+            return _NO_ROWS
         row = Row(run=self.run, rank=values.pop("rank", self.rank), line=line_no,
                   path=self.path, source=kind, **values)
+        if kind == SOURCE_JSON:
+            return (row,)
+        held: Row | None
         if kind == SOURCE_MINDFORMERS:
-            if self.mindformers is not None:
-                yield self.mindformers
-            self.mindformers = row
-        elif kind == SOURCE_JSON or stamped:
-            if stamped:
-                self.stamped_seen = True
-                if self.unstamped is not None:
-                    self.cut_short(self.unstamped, "no time field while the next monitor line "
-                                                   "has one")
-                    self.unstamped = None
-            yield row
-        elif self.stamped_seen:
+            held, self.mindformers = self.mindformers, row
+            return _NO_ROWS if held is None else (held,)
+        if stamped:
+            self.stamped_seen = True
+            if self.unstamped is not None:
+                self.cut_short(self.unstamped, "no time field while the next monitor line has one")
+                self.unstamped = None
+            return (row,)
+        if self.stamped_seen:
             self.cut_short(row, "no time field while the lines before it have one")
         elif not ended:
             self.cut_short(row, "no line end")
         else:
-            if self.unstamped is not None:
-                yield self.unstamped
-            self.unstamped = row
+            held, self.unstamped = self.unstamped, row
+            return _NO_ROWS if held is None else (held,)
+        return _NO_ROWS
 
     def values(self, kind: str, text: str) -> tuple[dict | None, bool]:
         if kind == SOURCE_TEXT:
@@ -476,18 +481,17 @@ def parse_lines(lines: Iterable[bytes | str], run: str = "run", rank: int = 0,
     line_no = 0
     consumed = 0
     for line_no, raw in enumerate(lines, 1):
-        if isinstance(raw, str):
+        if raw.__class__ is str:
             raw = raw.encode("utf-8", "surrogateescape")
-        size = raw.size if isinstance(raw, _Overlong) else len(raw)
+        size = raw.size if raw.__class__ is _Overlong else len(raw)
         if progress is not None:
             consumed += size
             if line_no % _PROGRESS_EVERY == 0:
                 progress(consumed)
                 consumed = 0
-        if size > MAX_LINE_BYTES + 2 and not isinstance(raw, _Overlong):
+        if size > MAX_LINE_BYTES + 2 and raw.__class__ is not _Overlong:
             raw = _overlong(raw[:200], size)
-        ended = not require_line_end or raw.endswith(b"\n")
-        for row in parser.feed(line_no, raw, ended):
+        for row in parser.feed(line_no, raw, not require_line_end or raw.endswith(b"\n")):
             report.rows += 1
             yield row
     for row in parser.finish():
