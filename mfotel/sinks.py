@@ -113,7 +113,8 @@ class FileSink:
     the short write is undone (truncated back) when no one appended after it; otherwise the
     next line starts with a newline, so a cut line never has the next one glued to it. If the
     file or its directory is removed while training, it is created again (a stat per record)
-    rather than writing on into an unlinked file.
+    rather than writing on into an unlinked file. A FIFO at the path never blocks: no
+    reader, or a reader that does not read, is an error of that write.
     """
 
     def __init__(self, path: Path) -> None:
@@ -124,8 +125,10 @@ class FileSink:
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                           0o666)
+        # O_NONBLOCK: regular files ignore it; a FIFO (or pipe, terminal) at the path must
+        # fail (no reader: ENXIO; full: EAGAIN) rather than stall the training step.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                           | os.O_NONBLOCK, 0o666)
 
     def write(self, line: str) -> None:
         if self._fd is None or not os.path.exists(self.path):

@@ -227,3 +227,37 @@ def test_training_through_a_full_disk_writes_whole_lines_only(tmp_path):
     report = ParseReport()
     assert [r.step for r in parse_file(tmp_path / "full" / "m.log", report=report)] == steps
     assert report.problem_count == 0
+
+
+FIFO_WRITER = textwrap.dedent("""
+    import json, os, sys
+    from mfotel.sinks import FileSink
+    fifo = sys.argv[1]
+    try:
+        FileSink(fifo)
+        print(json.dumps(["opened"]))
+    except OSError as exc:
+        print(json.dumps(["no reader", exc.errno]))
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)     # a reader that never reads
+    sink = FileSink(fifo)
+    for count in range(1, 100_000):
+        try:
+            sink.write("[Monitor] step: %d, loss: 1.0" % count)
+        except OSError as exc:
+            print(json.dumps(["full", exc.errno, count]))
+            break
+""")
+
+
+def test_a_fifo_at_the_file_path_fails_writes_instead_of_stalling_training(tmp_path):
+    """Without a reader the open fails; with a reader that never reads, the write that does
+    not fit fails: neither blocks (the child would hang past the timeout)."""
+    import errno
+    fifo = tmp_path / "m.log"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-c", FIFO_WRITER, str(fifo)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    first, second = [json.loads(line) for line in done.stdout.splitlines()]
+    assert first == ["no reader", errno.ENXIO]
+    assert second[:2] == ["full", errno.EAGAIN] and second[2] > 100
