@@ -524,3 +524,30 @@ def test_no_monitor_logs_error_says_what_was_looked_for(tmp_path) -> None:
     message = str(error.value)
     assert str(tmp_path) in message and "2 file(s)" in message
     assert "[Monitor] lines" in message and "MFLossMonitor" in message
+
+
+MF_STEP_LINE = next(line for line in MF_FORMS.read_text().splitlines() if "{ Epoch:[" in line)
+
+# shape -> (lines of n characters, rows expected, problems expected)
+HOSTILE_SHAPES = {
+    "x...samples/s/p after a step line": (lambda n: [MF_STEP_LINE, "x" * n + "samples/s/p"], 1, 1),
+    "a megabyte of digits as the loss": (lambda n: ["[Monitor] step: 1, loss: " + "9" * n], 0, 1),
+    "digits before [Monitor]": (lambda n: ["1" * n + "[Monitor] step: 1, loss: 1.0"], 1, 0),
+    "spaces inside { Epoch:[": (
+        lambda n: ["{ Epoch:[" + " " * n + "1/ 1], step:[ 1/ 1], loss: 1"], 1, 0),
+    "glued [Monitor] lines": (lambda n: ["[Monitor] step: 1, loss: 0" * (n // 26)], 0, 1),
+    "unclosed JSON arrays": (lambda n: ['{"step": 1, "loss": ' + "[" * n], 0, 1),
+}
+
+
+@pytest.mark.parametrize("shape", HOSTILE_SHAPES)
+def test_hostile_lines_up_to_the_length_limit_are_parsed_or_reported(shape: str) -> None:
+    """Lines are bounded (MAX_LINE_BYTES) before any pattern sees them, and no pattern can
+    backtrack: the old `(\\S+) samples/s/p` took 25 s on 80k characters. Time is measured by
+    benchmarks/parse_speed.py (80k characters cost ~8x 10k, not 64x) and bounded per case by
+    the fuzz test's deadline."""
+    from mfotel.logs.parse import MAX_LINE_BYTES
+    make, row_count, problem_count = HOSTILE_SHAPES[shape]
+    rows, report = parse(*make(MAX_LINE_BYTES - 100))
+    assert (len(rows), report.problem_count) == (row_count, problem_count), report.describe()
+    assert all(len(p.text) <= 200 for p in report.problems)

@@ -56,7 +56,8 @@ class BackfillStats:
     min_time: float | None = None
     max_time: float | None = None
     sources: dict[tuple[str, int], str] = field(default_factory=dict)
-    left_out: list[tuple[str, int, str, int]] = field(default_factory=list)  # job, rank, source, rows
+    # (job_name, rank, source, rows) of the sources not written
+    left_out: list[tuple[str, int, str, int]] = field(default_factory=list)
 
     def _merge(self, state: "_SeriesState") -> None:
         self.rows += state.rows

@@ -4,7 +4,7 @@ One streaming parser (a generator; files are read in bounded lines, never whole)
 formats, detected per line; each row says which one it came from (`Row.source`):
 
 - `mfotel-text`, as written by the console and file sinks (a logger prefix may come first):
-  `[Monitor] step: 50, loss: 2.345, learning_rate: 1.000000e-05, time: 2025-12-02T18:30:00.123+08:00`
+  `[Monitor] step: 50, loss: 2.345, time: 2025-12-02T18:30:00.123+08:00`
   (older mfotel versions wrote no `time` field: their lines are read too)
 - `mfotel-json`: `{"time": 1764671400.123, "job_name": "demo", "rank": 0, "step": 50, ...}`
   (non-finite values as the strings "nan", "inf", "-inf")
@@ -121,6 +121,16 @@ class ParseReport:
 
 # --- value parsing -------------------------------------------------------------------------
 
+MAX_NUMBER_CHARS = 64      # a float64 never needs more; a longer "number" is not one
+
+
+def _float(text: str) -> float:
+    """float() of a logged number; a megabyte of digits is an error, not inf."""
+    if len(text) > MAX_NUMBER_CHARS and len(text.strip()) > MAX_NUMBER_CHARS:
+        raise ValueError(f"{len(text.strip())} characters")
+    return float(text)
+
+
 def _number(text: str) -> float | None:
     """`2.5`, `nan`, `-inf`, `[1.e-05]`, `[2.5 3.0]` (first element), `None` -> float or None."""
     text = text.strip()
@@ -129,7 +139,7 @@ def _number(text: str) -> float | None:
         text = inner.split(None, 1)[0] if inner else ""
     if text in ("None", "unavailable", ""):
         return None
-    return float(text)
+    return _float(text)
 
 
 def _json_number(value: object) -> float | None:
@@ -223,7 +233,7 @@ def _parse_text(text: str, at: int) -> tuple[dict, bool]:
             if _TEXT_UNITS and key in _TEXT_UNITS:
                 raw = raw.strip().removesuffix(_TEXT_UNITS[key])
             try:
-                values[target] = float(raw)      # float() ignores the spaces around it
+                values[target] = _float(raw)     # float() ignores the spaces around it
             except ValueError:
                 raise ValueError(f"{key}: {raw.strip()[:40]!r} is not a number") from None
         elif key == "step" or key == "epoch":
@@ -297,11 +307,11 @@ def _parse_mindformers(text: str) -> dict:
         key, raw = key.strip(), raw.strip()
         try:
             if key == "loss":
-                values["loss"] = float(raw.strip("[]").split("/", 1)[0])
+                values["loss"] = _float(raw.strip("[]").split("/", 1)[0])
             elif key == "per_step_time":
                 if not raw.endswith("ms"):
                     raise ValueError("expected milliseconds")
-                values["step_time"] = float(raw[:-2]) / 1000.0
+                values["step_time"] = _float(raw[:-2]) / 1000.0
             elif key in _MF_KEYS:
                 values[_MF_KEYS[key]] = _number(raw)
             elif key == "overflow cond":
@@ -324,7 +334,7 @@ def _progress_throughput(text: str) -> float:
     if not token:
         raise ValueError("MFLossMonitor progress line: no samples/s/p")
     try:
-        return float(token)
+        return _float(token)
     except ValueError:
         raise ValueError(f"MFLossMonitor progress line: {token[:40]!r} samples/s/p is not a "
                          f"number") from None

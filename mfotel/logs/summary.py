@@ -146,8 +146,8 @@ def _fmt(value: float | None) -> str:
     return f"{value:.6g}"
 
 
-_HEADER = ("rank", "source", "steps logged", "step range", "first loss", "last loss", "min loss (step)",
-           "first non-finite step", "lr before it", "grad norm before it",
+_HEADER = ("rank", "source", "steps logged", "step range", "first loss", "last loss",
+           "min loss (step)", "first non-finite step", "lr before it", "grad norm before it",
            "mean throughput (samples/s)")
 
 
