@@ -346,8 +346,6 @@ _B_MONITOR = MONITOR_MARK.encode()
 _B_EPOCH = b"{ Epoch:["
 _B_PROGRESS = b"samples/s/p"
 _PROGRESS_EVERY = 1 << 14   # lines between progress callbacks
-
-
 _NO_ROWS: tuple[Row, ...] = ()
 
 
@@ -380,7 +378,7 @@ class _LineParser:
     def __init__(self, run: str, rank: int, path: str, report: ParseReport) -> None:
         self.run, self.rank, self.path, self.report = run, rank, path, report
         self.mindformers: Row | None = None
-        self.unstamped: Row | None = None
+        self.unstamped: tuple[Row, str] | None = None     # the row and its line's text
         self.stamped_seen = False
 
     def problem(self, line: int, reason: str, text: str) -> None:
@@ -418,16 +416,17 @@ class _LineParser:
         if stamped:
             self.stamped_seen = True
             if self.unstamped is not None:
-                self.cut_short(self.unstamped, "no time field while the next monitor line has one")
+                self.cut_short(*self.unstamped, "no time field while the next monitor line has "
+                                                "one; or written by an older mfotel")
                 self.unstamped = None
             return (row,)
         if self.stamped_seen:
-            self.cut_short(row, "no time field while the lines before it have one")
+            self.cut_short(row, text, "no time field while the lines before it have one")
         elif not ended:
-            self.cut_short(row, "no line end")
+            self.cut_short(row, text, "no line end")
         else:
-            held, self.unstamped = self.unstamped, row
-            return _NO_ROWS if held is None else (held,)
+            previous, self.unstamped = self.unstamped, (row, text)
+            return _NO_ROWS if previous is None else (previous[0],)
         return _NO_ROWS
 
     def values(self, kind: str, text: str) -> tuple[dict | None, bool]:
@@ -450,9 +449,9 @@ class _LineParser:
             return None, False      # some other JSON log line
         return _parse_json(record), False
 
-    def cut_short(self, row: Row, why: str) -> None:
+    def cut_short(self, row: Row, text: str, why: str) -> None:
         self.problem(row.line, f"{SOURCE_TEXT}: line cut short ({why}); step {row.step} "
-                               f"not read", f"[Monitor] step: {row.step}, ...")
+                               f"not read", text)
 
     def progress(self, line_no: int, text: str) -> None:
         if self.mindformers is None:
@@ -467,9 +466,10 @@ class _LineParser:
             self.mindformers.throughput = throughput
 
     def finish(self) -> Iterator[Row]:
-        for row in (self.unstamped, self.mindformers):
-            if row is not None:
-                yield row
+        if self.unstamped is not None:
+            yield self.unstamped[0]
+        if self.mindformers is not None:
+            yield self.mindformers
         self.unstamped = self.mindformers = None
 
 
