@@ -508,6 +508,10 @@ def test_console_captures_are_read_only_when_there_is_no_monitor_file_or_info_lo
     monitor = copy_lines(DEMO_TEXT, run / "monitor_logs" / "train_monitor_0.log")
     found = discover(run)
     assert found.files == [monitor]      # the capture repeats the monitor file's lines
+    # stdout of a run printing nothing but its monitor lines and the callback's note
+    (run / "stdout.log").write_text(f"mfotel: rank 0 writes monitor lines to {monitor}\n"
+                                    + DEMO_TEXT.read_text())
+    assert discover(run).files == [monitor]
 
 
 def test_an_info_log_of_another_program_is_not_a_mindformers_log(tmp_path) -> None:

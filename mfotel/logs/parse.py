@@ -618,8 +618,9 @@ def sniff(path: Path) -> str | None:
     if not sources:
         return None
     nonempty = sum(1 for line in lines if line.strip())
-    mfotel = sum(1 for source in sources if source != SOURCE_MINDFORMERS)
-    if mfotel == len(sources) and mfotel + report.problem_count >= 0.9 * nonempty:
+    # mfotel's own file holds monitor lines only; a console capture holds other output too
+    # (at least mfotel's "writes monitor lines to ..." note) and repeats the file's lines
+    if SOURCE_MINDFORMERS not in sources and len(sources) + report.problem_count >= nonempty:
         return KIND_MONITOR
     return KIND_CAPTURE
 
