@@ -263,8 +263,8 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
         "plot", help="draw loss, lr, grad norm, throughput and step time curves of runs",
         description="Draw loss, learning rate, grad norm, throughput and step time of one or "
                     "more runs (overlaid, with a legend; each series its own colour and dash "
-                    "pattern). NaN/Inf steps are marked with x. The loss axis is logarithmic "
-                    "when the loss spans a decade or more.")
+                    "pattern). NaN/Inf steps are marked with x. The loss and step-time axes are "
+                    "logarithmic when their values span a decade or more.")
     _common(plot)
     plot.add_argument("-o", "--output", default="curves.png",
                       help="image file; format from the extension (.png default, .svg, .pdf, "
@@ -276,7 +276,8 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
                       help="logarithmic y axis on every panel (loss, learning rate, grad norm, "
                            "throughput, step time)")
     plot.add_argument("--linear", action="store_true",
-                      help="linear loss axis even when the loss spans a decade or more")
+                      help="linear loss and step-time axes even when their values span a "
+                           "decade or more")
     plot.add_argument("--rank", type=int, action="append", default=[],
                       help="only this rank (repeatable; default: all)")
     plot.add_argument("--title", default=None)
