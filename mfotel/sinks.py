@@ -127,8 +127,15 @@ class FileSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # O_NONBLOCK: regular files ignore it; a FIFO (or pipe, terminal) at the path must
         # fail (no reader: ENXIO; full: EAGAIN) rather than stall the training step.
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-                           | os.O_NONBLOCK, 0o666)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                               | os.O_NONBLOCK, 0o666)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            raise OSError(errno.ENXIO, "a FIFO that no process reads: start its reader first, "
+                                       "or point output.file_path at a regular file",
+                          str(self.path)) from None
 
     def write(self, line: str) -> None:
         if self._fd is None or not os.path.exists(self.path):

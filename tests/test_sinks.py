@@ -237,7 +237,7 @@ FIFO_WRITER = textwrap.dedent("""
         FileSink(fifo)
         print(json.dumps(["opened"]))
     except OSError as exc:
-        print(json.dumps(["no reader", exc.errno]))
+        print(json.dumps(["no reader", exc.errno, str(exc)]))
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)     # a reader that never reads
     sink = FileSink(fifo)
     for count in range(1, 100_000):
@@ -259,5 +259,6 @@ def test_a_fifo_at_the_file_path_fails_writes_instead_of_stalling_training(tmp_p
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     first, second = [json.loads(line) for line in done.stdout.splitlines()]
-    assert first == ["no reader", errno.ENXIO]
+    assert first[:2] == ["no reader", errno.ENXIO]
+    assert str(fifo) in first[2] and "no process reads" in first[2] and "file_path" in first[2]
     assert second[:2] == ["full", errno.EAGAIN] and second[2] > 100
