@@ -99,3 +99,30 @@ def test_backfilled_text_log_is_placed_by_start_and_step_seconds(tmp_path: Path)
         window = f"{30 * 10}s"
         assert instant(prom, f"min_over_time(mindformers_train_loss{selector}[{window}])",
                        start + 300) == min(v for v in logged.values() if not math.isnan(v))
+
+
+def test_text_log_of_a_real_run_is_placed_by_its_own_timestamps(tmp_path: Path) -> None:
+    """A demo run's `[Monitor]` text lines carry their time: no --start needed, and each
+    sample lands at the time its line says."""
+    from datetime import datetime
+    workdir = tmp_path / "text-run"
+    workdir.mkdir()
+    subprocess.run([sys.executable, "-m", "mfotel", "demo", "--steps", "20", "--step-interval",
+                    "2", "--port", "0", "--step-sleep", "0.02", "--file-path",
+                    str(workdir / "monitor_logs" / "m.log"), "--job-name", "text"],
+                   cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    logged = {}
+    for line in (workdir / "monitor_logs" / "m.log").read_text().splitlines():
+        fields = dict(p.split(": ", 1) for p in line.removeprefix("[Monitor] ").split(", "))
+        at = round(datetime.fromisoformat(fields["time"]).timestamp() * 1000) / 1000
+        logged[int(fields["step"])] = (at, float(fields["loss"]))
+    assert sorted(logged) == list(range(2, 21, 2))
+    out = tmp_path / "backfill"
+    assert logs_main(["backfill", str(workdir), "--out", str(out), "--create-blocks", "-q"]) == 0
+    selector = '{job_name="text-run",rank="0"}'
+    with Prometheus(CONFIG, workdir=out) as prom:
+        for step, (at, loss) in logged.items():
+            assert instant(prom, f"mindformers_train_step{selector}", at) == step
+            assert instant(prom, f"mindformers_train_loss{selector}", at) == loss
+        first = min(at for at, _ in logged.values())
+        assert instant(prom, f"mindformers_train_step{selector}", first - 0.5) is None

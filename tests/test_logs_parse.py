@@ -65,7 +65,7 @@ REAL_LINES = [
      "global_norm: [1.2831094], train_throughput_per_npu: 0.003T",
      dict(step=20, epoch=1, loss=4.54271, learning_rate=0.00054323307, grad_norm=1.2831094,
           step_time=0.031, loss_scale=1024.0, overflow=False, throughput=None,
-          time=local("2026-12-02 10:37:56,405"), source="mindformers")),
+          time=local("2026-12-02 10:37:56,405"), source="mindformers-info")),
     # mindformers console format
     (MF_STDOUT,
      "2026-12-02 10:37:53,218 - mindformers/tmp/mf1/output/log[mindformers/core/callback/"
@@ -225,18 +225,23 @@ def test_logger_prefix_timestamp_becomes_the_row_time() -> None:
     assert rows[0].time == pytest.approx(local("2026-12-02 10:30:00,123"))
 
 
-def test_same_step_from_mfotel_and_mindformers_lines_merges_into_one_row() -> None:
+def test_same_step_from_mfotel_and_mindformers_lines_stays_two_rows_with_their_sources() -> None:
+    """A console capture holding both: each source's numbers stay its own (mfotel's
+    throughput is per rank over the record interval, MFLossMonitor's per device per step)."""
     rows, report = parse(
         "[Monitor] step: 1, loss: 5.54923, grad_norm: 0.992898",
         REAL_LINES[4][1],                        # MFLossMonitor step 1 (console form)
         "2026-12-02 10:37:53,218 - mindformers/tmp/mf1/output/log[mindformers/core/callback/"
         "callback.py:764] - INFO -    5.0% |██      | 0.30860 samples/s/p  0:02:03 }")
     assert report.problem_count == 0
-    assert len(rows) == 1
-    row = rows[0]
-    assert (row.loss, row.grad_norm) == (5.54923, 0.992898)       # the first line's values win
-    assert (row.learning_rate, row.throughput, row.step_time) == (0.0, 0.3086, 6.48)
-    assert row.source == "mfotel-text+mindformers"
+    by_source = {row.source: row for row in rows}
+    assert sorted(by_source) == ["mfotel-text", "mindformers-info"] and len(rows) == 2
+    mfotel, mindformers = by_source["mfotel-text"], by_source["mindformers-info"]
+    assert (mfotel.step, mfotel.loss, mfotel.grad_norm) == (1, 5.54923, 0.992898)
+    assert (mfotel.learning_rate, mfotel.throughput, mfotel.step_time) == (None, None, None)
+    assert (mindformers.step, mindformers.loss, mindformers.grad_norm) == (1, 5.549227, 0.9928976)
+    assert (mindformers.learning_rate, mindformers.throughput, mindformers.step_time) == \
+        (0.0, 0.3086, 6.48)
 
 
 def test_json_rank_field_wins_over_the_file_name(tmp_path: Path) -> None:
@@ -262,7 +267,7 @@ def test_run_name_comes_from_the_directory_or_file(path: str, name: str) -> None
     assert run_name(Path(path)) == name
 
 
-def test_directory_run_prefers_monitor_files_over_info_log(tmp_path: Path) -> None:
+def test_directory_run_reads_monitor_files_and_info_log_side_by_side(tmp_path: Path) -> None:
     run = tmp_path / "exp"
     (run / "monitor_logs").mkdir(parents=True)
     (run / "output/log/rank_0").mkdir(parents=True)
@@ -272,8 +277,14 @@ def test_directory_run_prefers_monitor_files_over_info_log(tmp_path: Path) -> No
     (run / "output/log/rank_0/info.log").write_text(MF_INFO.read_text())
     found = discover(run)
     assert found.name == "exp"
-    assert [p.name for p in found.files] == ["train_monitor_0.log", "train_monitor_1.log"]
-    assert [(r.rank, r.loss) for r in iter_rows([found])] == [(0, 0.5), (1, 1.5)]
+    assert [p.name for p in found.files] == ["train_monitor_0.log", "train_monitor_1.log",
+                                             "info.log"]
+    assert [found.kinds[p] for p in found.files] == ["monitor", "monitor", "mindformers-info"]
+    rows = list(iter_rows([found]))
+    assert [(r.rank, r.source, r.loss) for r in rows[:2]] == [(0, "mfotel-text", 0.5),
+                                                             (1, "mfotel-text", 1.5)]
+    assert [(r.rank, r.source, r.step) for r in rows[2:]] == \
+        [(0, "mindformers-info", step) for step in range(1, 21)]
 
 
 def test_rotated_info_logs_are_read_oldest_first(tmp_path: Path) -> None:
@@ -344,3 +355,203 @@ def test_lines_written_by_mfotel_sinks_parse_back(step: int, values: dict) -> No
     for name, value in values.items():
         assert same(getattr(json_row, name), value)
         assert same(getattr(text_row, name), float(sinks.format_value(name, value)))
+
+
+# --- lines cut short: never read as values ---------------------------------------------------
+
+def stamped(step: int, loss: float) -> str:
+    return sinks.format_line(step, {"loss": loss, "learning_rate": 1e-3}, now=1.7e9 + step)
+
+
+def test_stamped_text_line_carries_its_time() -> None:
+    rows, report = parse(stamped(5, 2.5))
+    assert report.problem_count == 0
+    assert (rows[0].step, rows[0].loss, rows[0].time) == (5, 2.5, 1.7e9 + 5)
+
+
+def test_unstamped_line_among_stamped_ones_is_reported_as_cut() -> None:
+    """The torn line of a full disk: `loss: 0` of `loss: 0.123`; never a real 0."""
+    torn = stamped(3, 0.123)[: stamped(3, 0.123).index("0.123") + 1]
+    assert torn.endswith("loss: 0")
+    rows, report = parse(stamped(1, 2.0), stamped(2, 1.0), torn, stamped(4, 0.5))
+    assert [row.step for row in rows] == [1, 2, 4]
+    assert [(p.line, "cut short" in p.reason) for p in report.problems] == [(3, True)]
+
+
+def test_a_cut_first_line_is_reported_once_stamped_lines_follow() -> None:
+    torn = stamped(1, 0.123)[:30]
+    rows, report = parse(torn, stamped(2, 1.0), stamped(3, 0.5))
+    assert [row.step for row in rows] == [2, 3]
+    assert [p.line for p in report.problems] == [1]
+
+
+def test_unterminated_last_line_of_a_file_is_cut(tmp_path: Path) -> None:
+    path = tmp_path / "old.log"
+    path.write_text("[Monitor] step: 1, loss: 2.5\n[Monitor] step: 2, loss: 1.2\n"
+                    "[Monitor] step: 3, loss: 0")          # the writer died mid-line
+    report = ParseReport()
+    assert [row.step for row in parse_file(path, report=report)] == [1, 2]
+    assert report.problems[0].line == 3 and "no line end" in report.problems[0].reason
+
+
+def test_lines_glued_by_a_cut_write_are_reported() -> None:
+    glued = "[Monitor] step: 3, loss: 0[Monitor] step: 4, loss: 2.5"
+    rows, report = parse("[Monitor] step: 2, loss: 1.5", glued, "[Monitor] step: 5, loss: 2.0")
+    assert [row.step for row in rows] == [2, 5]
+    assert "glued" in report.problems[0].reason and report.problems[0].line == 2
+
+
+def test_cut_time_field_is_reported() -> None:
+    line = stamped(2, 1.0)
+    rows, report = parse(stamped(1, 2.0), line[:-4], line[:-10])
+    assert [row.step for row in rows] == [1]
+    assert [p.line for p in report.problems] == [2, 3]
+    assert all("time" in p.reason for p in report.problems)
+
+
+# --- hostile input: clear problems, bounded memory -------------------------------------------
+
+@pytest.mark.parametrize("record, reason", [
+    ('{"step": 1, "loss": 1.0, "time": NaN}', "not a unix time"),
+    ('{"step": 1, "loss": 1.0, "time": Infinity}', "not a unix time"),
+    ('{"step": 1, "loss": 1.0, "time": 1e300}', "not a unix time"),
+    ('{"step": 1, "loss": 1.0, "time": -5}', "not a unix time"),
+    ('{"step": 1, "loss": 1.0, "time": "yesterday"}', "not unix seconds"),
+    ('{"step": 1, "loss": 1.0, "time": true}', "not unix seconds"),
+    ('{"step": 1, "loss": 1e999999}', ""),                      # inf: a value, not an error
+    ('{"step": 1152921504606846976, "loss": 1.0}', "step"),
+    ('{"step": -1, "loss": 1.0}', "step"),
+    ('{"step": 1, "rank": -3, "loss": 1.0}', "rank"),
+    ('{"step": 1, "loss": 1.0, "epoch": 1.5}', "epoch"),
+    ('{"step": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"step": 1, "loss": ' + "[" * 100_000, "invalid JSON"),
+    ("[Monitor] step: 99999999999999999999999999, loss: 1.0", "step"),
+    ("[Monitor] step: ², loss: 1.0", "step"),
+    ("[INFO] { Epoch:[  1/  1], step:[    1/99999999999], loss: 2.5", ""),
+    ("[INFO] { Epoch:[999999999999/  1], step:[    1/999999999999], loss: 2.5", "step"),
+])
+def test_hostile_values_are_reported_not_raised(record: str, reason: str) -> None:
+    rows, report = parse(record)
+    if reason:
+        assert rows == [] and report.problem_count == 1
+        assert reason in report.problems[0].reason and report.problems[0].line == 1
+    else:
+        assert report.problem_count == 0 and len(rows) == 1
+
+
+class ReadRecorder:
+    """A real file whose reads are measured: the largest block the parser asked for."""
+
+    def __init__(self, handle) -> None:
+        self.handle, self.largest = handle, 0
+
+    def readline(self, size: int = -1) -> bytes:
+        assert size > 0, "an unbounded readline could hold a whole huge line"
+        data = self.handle.readline(size)
+        self.largest = max(self.largest, len(data))
+        return data
+
+
+def test_overlong_line_is_reported_with_its_number_and_memory_stays_bounded(tmp_path: Path) -> None:
+    from mfotel.logs.parse import MAX_LINE_BYTES, read_lines
+    path = tmp_path / "train_monitor.log"
+    with open(path, "wb") as out:
+        out.write(b"[Monitor] step: 1, loss: 2.5\n")
+        out.write(b"[Monitor] step: 2, loss: " + b"9" * (5 * MAX_LINE_BYTES) + b"\n")
+        out.write(b"[Monitor] step: 3, loss: 1.5\n")
+        out.write(b"x" * (3 * MAX_LINE_BYTES))                 # no newline at all
+    report = ParseReport()
+    assert [row.step for row in parse_file(path, report=report)] == [1, 3]
+    assert [p.line for p in report.problems] == [2, 4]
+    assert "longer than" in report.problems[0].reason
+    assert str(5 * MAX_LINE_BYTES + 26) in report.problems[0].reason
+    with open(path, "rb") as handle:
+        recorder = ReadRecorder(handle)
+        sizes = [len(line) for line in read_lines(recorder)]
+    assert recorder.largest <= MAX_LINE_BYTES + 2 and max(sizes) <= MAX_LINE_BYTES + 2
+    assert len(sizes) == 4
+
+
+# --- discovery by content --------------------------------------------------------------------
+
+def copy_lines(source: Path, target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(source.read_bytes())
+    return target
+
+
+def test_directory_discovery_finds_monitor_files_by_content_whatever_their_name(tmp_path) -> None:
+    """The README's `--file-path monitor_logs/m.log` and a JSON file named `metrics.out`."""
+    run = tmp_path / "exp"
+    text = copy_lines(DEMO_TEXT, run / "monitor_logs" / "m.log")
+    jsonl = copy_lines(DEMO_JSON, run / "metrics.out")
+    (run / "train.yaml").write_text("monitor_config:\n  step_interval: 1\n")
+    (run / "notes.txt").write_text("loss went down nicely, see the [plots]\n")
+    (run / "targets.json").write_text('[{"targets": ["127.0.0.1:9464"]}]\n')
+    (run / "events.log").write_text('{"level": "info", "msg": "started"}\n' * 50)
+    (run / "checkpoint").mkdir()
+    (run / "checkpoint" / "net.ckpt").write_bytes(bytes(range(256)) * 64)
+    (run / ".hidden").mkdir()
+    copy_lines(DEMO_TEXT, run / ".hidden" / "m.log")
+    found = discover(run)
+    assert found.files == [jsonl, text]
+    assert found.kinds == {jsonl: "monitor", text: "monitor"}
+    assert len(list(iter_rows([found]))) == 60
+
+
+def test_console_captures_are_read_only_when_there_is_no_monitor_file_or_info_log(tmp_path):
+    run = tmp_path / "exp"
+    capture = copy_lines(DEMO_CONSOLE, run / "msrun_log" / "worker_0.log")
+    found = discover(run)
+    assert found.files == [capture] and found.kinds[capture] == "console"
+    assert [row.step for row in iter_rows([found])] == list(range(1, 31))
+    monitor = copy_lines(DEMO_TEXT, run / "monitor_logs" / "train_monitor_0.log")
+    found = discover(run)
+    assert found.files == [monitor]      # the capture repeats the monitor file's lines
+    # stdout of a run printing nothing but its monitor lines and the callback's note
+    (run / "stdout.log").write_text(f"mfotel: rank 0 writes monitor lines to {monitor}\n"
+                                    + DEMO_TEXT.read_text())
+    assert discover(run).files == [monitor]
+
+
+def test_an_info_log_of_another_program_is_not_a_mindformers_log(tmp_path) -> None:
+    (tmp_path / "info.log").write_text("2026-01-01 INFO web server started\n")
+    with pytest.raises(FileNotFoundError, match="none of the 1 file"):
+        discover(tmp_path)
+
+
+def test_no_monitor_logs_error_says_what_was_looked_for(tmp_path) -> None:
+    (tmp_path / "a.log").write_text("hello\n")
+    (tmp_path / "b.txt").write_text("[Monitor is not a monitor line\n")
+    with pytest.raises(FileNotFoundError) as error:
+        discover(tmp_path)
+    message = str(error.value)
+    assert str(tmp_path) in message and "2 file(s)" in message
+    assert "[Monitor] lines" in message and "MFLossMonitor" in message
+
+
+MF_STEP_LINE = next(line for line in MF_FORMS.read_text().splitlines() if "{ Epoch:[" in line)
+
+# shape -> (lines of n characters, rows expected, problems expected)
+HOSTILE_SHAPES = {
+    "x...samples/s/p after a step line": (lambda n: [MF_STEP_LINE, "x" * n + "samples/s/p"], 1, 1),
+    "a megabyte of digits as the loss": (lambda n: ["[Monitor] step: 1, loss: " + "9" * n], 0, 1),
+    "digits before [Monitor]": (lambda n: ["1" * n + "[Monitor] step: 1, loss: 1.0"], 1, 0),
+    "spaces inside { Epoch:[": (
+        lambda n: ["{ Epoch:[" + " " * n + "1/ 1], step:[ 1/ 1], loss: 1"], 1, 0),
+    "glued [Monitor] lines": (lambda n: ["[Monitor] step: 1, loss: 0" * (n // 26)], 0, 1),
+    "unclosed JSON arrays": (lambda n: ['{"step": 1, "loss": ' + "[" * n], 0, 1),
+}
+
+
+@pytest.mark.parametrize("shape", HOSTILE_SHAPES)
+def test_hostile_lines_up_to_the_length_limit_are_parsed_or_reported(shape: str) -> None:
+    """Lines are bounded (MAX_LINE_BYTES) before any pattern sees them, and no pattern can
+    backtrack: the old `(\\S+) samples/s/p` took 25 s on 80k characters. Time is measured by
+    benchmarks/parse_speed.py (80k characters cost ~8x 10k, not 64x) and bounded per case by
+    the fuzz test's deadline."""
+    from mfotel.logs.parse import MAX_LINE_BYTES
+    make, row_count, problem_count = HOSTILE_SHAPES[shape]
+    rows, report = parse(*make(MAX_LINE_BYTES - 100))
+    assert (len(rows), report.problem_count) == (row_count, problem_count), report.describe()
+    assert all(len(p.text) <= 200 for p in report.problems)

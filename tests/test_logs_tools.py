@@ -63,15 +63,15 @@ def test_plot_of_two_runs_draws_exactly_the_logged_values(tmp_path: Path) -> Non
     for run, logged in EXPECTED.items():
         for metric in ("loss", "learning_rate", "grad_norm", "throughput"):
             finite = [(s, v[metric]) for s, v in sorted(logged.items()) if math.isfinite(v[metric])]
-            line = drawn[f"{run}/0/{metric}/raw"]
+            line = drawn[f"{run}/0/mfotel-{run[5:]}/{metric}/raw"]
             assert list(line.get_xdata()) == [s for s, _ in finite]
             assert list(line.get_ydata()) == [v for _, v in finite]
             bad = [s for s, v in sorted(logged.items()) if not math.isfinite(v[metric])]
-            marker = drawn.get(f"{run}/0/{metric}/nonfinite")
+            marker = drawn.get(f"{run}/0/mfotel-{run[5:]}/{metric}/nonfinite")
             assert (list(marker.get_xdata()) if marker else []) == bad
     legend = figure.legends[0]
     assert {t.get_text() for t in legend.get_texts()} == {"demo-text", "demo-json", "NaN/Inf"}
-    # the first non-finite loss step of each run is marked across all four panels
+    # the first non-finite loss step of each run is marked across all five panels
     first_bad = {run: min(s for s, v in logged.items() if math.isnan(v["loss"]))
                  for run, logged in EXPECTED.items()}
     for ax in figure.axes:
@@ -136,7 +136,8 @@ def test_summary_values_of_a_run_with_a_nan(tmp_path: Path) -> None:
     (run / "train_config.yaml").write_text("monitor_config:\n  step_interval: 1\n")
     (summary,) = summarize(discover_runs([run]))
     assert summary.config == run / "train_config.yaml"
-    rank = summary.ranks[0]
+    assert list(summary.ranks) == [(0, "mfotel-text")]
+    rank = summary.ranks[0, "mfotel-text"]
     logged = EXPECTED["demo-text"]
     finite = {s: v["loss"] for s, v in logged.items() if math.isfinite(v["loss"])}
     throughputs = [v["throughput"] for v in logged.values()]
@@ -153,8 +154,9 @@ def test_summary_cli_prints_a_markdown_table_per_run(capsys) -> None:
     assert logs_main(["summary", str(DEMO_JSON), str(TWO_RANKS), "-q"]) == 0
     text = capsys.readouterr().out
     assert text.count("\n## ") + text.startswith("## ") == 2
-    assert "| 0 | 30 | 1..30 | 18.2512 | nan | 1.71008 (9) | 26 (loss=nan+grad_norm=nan) |" in text
-    assert "| 1 | 6 | 2..12 |" in text
+    assert ("| 0 | mfotel-json | 30 | 1..30 | 18.2512 | nan | 1.71008 (9) | "
+            "26 (loss=nan+grad_norm=nan) |") in text
+    assert "| 1 | mfotel-text | 6 | 2..12 |" in text
 
 
 def test_strict_turns_unparseable_lines_into_exit_1(tmp_path: Path, capsys) -> None:
@@ -294,3 +296,191 @@ def test_progress_bar_only_on_a_tty_and_not_when_quiet(monkeypatch) -> None:
     with logs_cli._progress(runs, quiet=False) as update:
         assert callable(update)
         list(iter_rows(runs, progress=update))
+
+
+# --- plot: the figure's properties, through matplotlib's objects -----------------------------
+
+def figure_of(*runs, **options):
+    from mfotel.logs import plot
+    return plot.build_figure(plot.collect(iter_rows(discover_runs(list(runs)))), **options)
+
+
+def panel(figure, title: str):
+    (ax,) = [ax for ax in figure.axes if ax.get_title() == title]
+    return ax
+
+
+def series_lines(ax) -> list:
+    return [line for line in ax.lines if (line.get_gid() or "").endswith("/raw")]
+
+
+PANEL_TITLES = ["loss", "learning rate", "grad norm", "throughput (samples/s)", "step time (s)"]
+
+
+def test_loss_and_step_time_axes_are_logarithmic_when_they_span_a_decade() -> None:
+    spans = figure_of(DEMO_TEXT)     # loss 34.8 .. 1.73; step time 0.93 (compiling) .. 0.0013
+    assert [ax.get_title() for ax in spans.axes] == PANEL_TITLES
+    assert [ax.get_yscale() for ax in spans.axes] == ["log", "linear", "linear", "linear", "log"]
+    log_labels = [t.get_text() for t in panel(spans, "loss").get_yticklabels()]
+    assert "10" in log_labels and not any("times" in t or "^" in t for t in log_labels)
+    narrow = figure_of(MF_INFO)                  # 5.55 .. 4.54
+    assert panel(narrow, "loss").get_yscale() == "linear"
+    assert panel(figure_of(DEMO_TEXT, auto_log=False), "loss").get_yscale() == "linear"
+
+
+def test_log_scale_makes_every_panel_logarithmic_throughput_too() -> None:
+    figure = figure_of(DEMO_TEXT, MF_INFO, log_scale=True)
+    assert [ax.get_yscale() for ax in figure.axes] == ["log"] * 5
+
+
+def test_step_time_panel_draws_the_logged_step_times() -> None:
+    ax = panel(figure_of(DEMO_TEXT), "step time (s)")
+    (line,) = series_lines(ax)
+    logged = EXPECTED["demo-text"]
+    assert list(line.get_xdata()) == sorted(logged)
+    assert list(line.get_ydata()) == [logged[s]["step_time"] for s in sorted(logged)]
+    assert ax.get_xlabel() == "step"
+
+
+def test_equal_curves_get_distinct_styles_so_both_stay_visible() -> None:
+    figure = figure_of(DEMO_TEXT, DEMO_TEXT, DEMO_TEXT)
+    for ax in figure.axes:
+        lines = series_lines(ax)
+        assert len(lines) == 3
+        assert len({tuple(line.get_ydata()) for line in lines}) == 1      # the same data
+        styles = {(line.get_color(), line.get_linestyle(), line.get_linewidth())
+                  for line in lines}
+        assert len(styles) == 3
+        widths = [line.get_linewidth() for line in lines]
+        assert widths == sorted(widths, reverse=True)      # later ones thinner, on top
+
+
+def test_sparse_series_get_markers_and_dense_ones_do_not(tmp_path: Path) -> None:
+    dense = tmp_path / "dense" / "train_monitor.log"
+    dense.parent.mkdir()
+    dense.write_text("".join(f"[Monitor] step: {s}, loss: {10 / s}\n" for s in range(1, 201)))
+    figure = figure_of(TWO_RANKS, dense)             # 6 logged steps per rank vs 200
+    markers = {line.get_gid().split("/")[0] + "/" + line.get_gid().split("/")[1]:
+               line.get_marker() for line in series_lines(panel(figure, "loss"))}
+    assert markers["two-ranks/0"] not in ("None", "", None)
+    assert markers["two-ranks/1"] not in ("None", "", None)
+    assert markers["two-ranks/0"] != markers["two-ranks/1"]
+    assert markers["dense/0"] in ("None", "")
+
+
+def test_step_ticks_are_whole_steps(tmp_path: Path) -> None:
+    log = tmp_path / "short" / "train_monitor.log"
+    log.parent.mkdir()
+    log.write_text("[Monitor] step: 1, loss: 3.0\n[Monitor] step: 2, loss: 2.0\n"
+                   "[Monitor] step: 3, loss: 1.5\n")
+    figure = figure_of(log)
+    figure.canvas.draw()
+    for ax in figure.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_labels_name_rank_and_source_only_when_a_run_has_several(tmp_path: Path) -> None:
+    run = tmp_path / "exp"
+    (run / "output/log/rank_0").mkdir(parents=True)
+    (run / "output/log/rank_0/info.log").write_bytes(MF_INFO.read_bytes())
+    (run / "monitor_logs").mkdir()
+    (run / "monitor_logs/train_monitor_0.log").write_text(
+        "[Monitor] step: 10, loss: 5.0\n[Monitor] step: 20, loss: 4.6\n")
+    figure = figure_of(run, TWO_RANKS)
+    labels = {text.get_text() for text in figure.legends[0].get_texts()}
+    assert labels == {"exp (mfotel-text)", "exp (mindformers-info)", "two-ranks rank 0",
+                      "two-ranks rank 1"}
+
+
+# --- clear errors for bad outputs and times ---------------------------------------------------
+
+def test_plot_to_an_unknown_format_is_an_error_before_any_parsing(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "x.exe"
+    assert logs_main(["plot", str(tmp_path / "no-such-run"), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write '.exe' images" in err and ".png" in err and ".svg" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["plot", "-o", "{blocker}/curves.png"],
+    ["export", "--csv", "{blocker}/rows.csv"],
+    ["export", "--csv", "{directory}"],
+    ["summary", "-o", "{directory}"],
+    ["backfill", "--out", "{blocker}/out"],
+])
+def test_unwritable_outputs_are_one_line_errors(tmp_path: Path, capsys, command) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    args = [part.format(blocker=blocker, directory=tmp_path) for part in command]
+    assert logs_main([args[0], str(DEMO_JSON), *args[1:], "-q"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mfotel: error: ") and str(tmp_path) in err[-1]
+    assert not any("Traceback" in line for line in err)
+
+
+@pytest.mark.parametrize("start", ["1e300", "nan", "-inf", "-5", "10000-01-01T00:00:00"])
+def test_backfill_start_outside_the_calendar_is_a_usage_error(tmp_path, capsys, start) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        logs_main(["backfill", str(DEMO_TEXT), "--out", str(tmp_path), f"--start={start}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--start" in err and ("outside the years" in err or "ISO 8601" in err)
+
+
+def test_backfill_times_that_overflow_name_the_line(tmp_path: Path, capsys) -> None:
+    assert logs_main(["backfill", str(DEMO_TEXT), "--out", str(tmp_path), "--start", "0",
+                      "--step-seconds", "1e300", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"{DEMO_TEXT / 'train_monitor.log'}:1: step 1 would be at time 1e+300" in err
+    assert not list(tmp_path.glob(".backfill-*")) and "Traceback" not in err
+
+
+# --- stamped lines and sources in backfill -----------------------------------------------------
+
+def test_backfill_of_stamped_text_lines_needs_no_start(tmp_path: Path) -> None:
+    from mfotel.sinks import format_line
+    log = tmp_path / "run" / "train_monitor.log"
+    log.parent.mkdir()
+    times = {step: 1_764_671_400.0 + 7.5 * step for step in range(1, 6)}
+    log.write_text("".join(format_line(step, {"loss": 1.0 / 2 ** step}, now=at) + "\n"
+                           for step, at in times.items()))
+    assert logs_main(["backfill", str(log.parent), "--out", str(tmp_path / "out"), "-q"]) == 0
+    families = {f.name: f for f in parse_openmetrics((tmp_path / "out/backfill.om").read_text())}
+    loss = families["mindformers_train_loss"].samples
+    assert [(s.value, float(s.timestamp)) for s in loss] == \
+        [(1.0 / 2 ** step, at) for step, at in times.items()]
+
+
+def test_backfill_takes_one_source_per_rank_and_names_the_one_left_out(tmp_path, capsys) -> None:
+    run = tmp_path / "exp"
+    (run / "output/log/rank_0").mkdir(parents=True)
+    (run / "output/log/rank_0/info.log").write_bytes(MF_INFO.read_bytes())
+    (run / "monitor_logs").mkdir()
+    (run / "monitor_logs/train_monitor_0.jsonl").write_text(
+        '{"time": 1796207870.0, "step": 10, "loss": 5.0}\n'
+        '{"time": 1796207876.0, "step": 20, "loss": 4.6}\n')
+    assert logs_main(["backfill", str(run), "--out", str(tmp_path / "a"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert ("job_name exp rank 0: backfilled from mfotel-json; left out its 20 "
+            "mindformers-info step(s)") in err
+    families = {f.name: f for f in parse_openmetrics((tmp_path / "a/backfill.om").read_text())}
+    assert [s.value for s in families["mindformers_train_loss"].samples] == [5.0, 4.6]
+    assert logs_main(["backfill", str(run), "--out", str(tmp_path / "b"), "-q",
+                      "--source", "mindformers-info"]) == 0
+    families = {f.name: f for f in parse_openmetrics((tmp_path / "b/backfill.om").read_text())}
+    assert len(families["mindformers_train_loss"].samples) == 20
+    assert families["mindformers_train_loss"].samples[-1].value == 4.54271
+
+
+def test_csv_says_which_source_each_line_comes_from(tmp_path: Path) -> None:
+    run = tmp_path / "exp"
+    (run / "output/log/rank_0").mkdir(parents=True)
+    (run / "output/log/rank_0/info.log").write_bytes(MF_INFO.read_bytes())
+    (run / "train_monitor_0.log").write_text("[Monitor] step: 10, loss: 5.0, throughput: 7.2\n")
+    buffer = io.StringIO()
+    write_csv(iter_rows(discover_runs([run])), buffer)
+    records = list(csv.DictReader(io.StringIO(buffer.getvalue())))
+    ten = [(r["source"], r["throughput"]) for r in records if r["step"] == "10"]
+    assert sorted(ten) == [("mfotel-text", "7.2"), ("mindformers-info", "37.44062")]

@@ -10,6 +10,10 @@ As live, a NaN/Inf value never becomes a gauge sample: the gauge repeats its las
 (live ones count every step); `steps_total` is the logged step (steps completed assuming the run
 started at step 0). Timestamps are the row's time, else `start + step * step_seconds`.
 
+A (job_name, rank) logged by several sources (mfotel's monitor file and mindformers' info.log
+of the same run) is backfilled from one of them, the first of `parse.SOURCES` present, because
+the live series hold one value per step; the others are reported in `BackfillStats.left_out`.
+
     stats = write_openmetrics(rows, Path("out/backfill.om"), job_names={"exp1": "exp1"})
     create_blocks(Path("out/backfill.om"), Path("out/data"))   # runs promtool
 """
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import IO, Iterable, Mapping
 
 from ..contract import CONTRACT, STEP_TIME_BUCKETS, MetricSpec, spec
-from .parse import Row
+from .parse import MAX_TIME, SOURCES, Row
 
 # Contract keys written from a row, in output order (the contract's order).
 _ROW_GAUGES = {"loss": "loss", "learning_rate": "learning_rate", "grad_norm": "grad_norm",
@@ -34,18 +38,35 @@ _NONFINITE_METRICS = ("loss", "grad_norm")   # as mfotel.instruments.NONFINITE_M
 _BUCKET_LABELS = tuple(repr(float(bound)) for bound in STEP_TIME_BUCKETS) + ("+Inf",)
 
 
+_Series = tuple[str, int, str]     # (job_name, rank, source)
+
+
 class BackfillError(ValueError):
-    """The rows cannot be placed in time (no timestamp and no start given)."""
+    """The rows cannot be placed in time (no timestamp and no start given, or a time outside
+    1970..9999)."""
 
 
 @dataclass
 class BackfillStats:
+    """What was written: counts over the chosen source of each (job_name, rank)."""
     rows: int = 0
     samples: int = 0
     skipped_out_of_order: int = 0
     series: set[tuple[str, int]] = field(default_factory=set)
     min_time: float | None = None
     max_time: float | None = None
+    sources: dict[tuple[str, int], str] = field(default_factory=dict)
+    # (job_name, rank, source, rows) of the sources not written
+    left_out: list[tuple[str, int, str, int]] = field(default_factory=list)
+
+    def _merge(self, state: "_SeriesState") -> None:
+        self.rows += state.rows
+        self.samples += state.samples
+        self.skipped_out_of_order += state.skipped_out_of_order
+        times = [t for t in (self.min_time, self.max_time, state.min_time, state.max_time)
+                 if t is not None]
+        if times:
+            self.min_time, self.max_time = min(times), max(times)
 
 
 def _escape_label(value: str) -> str:
@@ -64,7 +85,13 @@ def _value(value: float) -> str:
 
 @dataclass
 class _SeriesState:
-    """Cumulative values of one (job_name, rank): counters and the step-time histogram."""
+    """Cumulative values of one (job_name, rank, source): counters, the step-time histogram,
+    and what was written."""
+    rows: int = 0
+    samples: int = 0
+    skipped_out_of_order: int = 0
+    min_time: float | None = None
+    max_time: float | None = None
     last_ms: int | None = None
     last_finite: dict[str, float] = field(default_factory=dict)
     nonfinite: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_NONFINITE_METRICS, 0))
@@ -85,24 +112,32 @@ class OpenMetricsWriter:
         self.path = Path(path)
         self.start = start
         self.step_seconds = step_seconds
-        self.stats = BackfillStats()
         self._tmp = Path(tempfile.mkdtemp(prefix=".backfill-", dir=self.path.parent))
-        self._parts: dict[tuple[str, str], Path] = {}      # (family key, label set) -> file
-        self._open: OrderedDict[tuple[str, str], IO[str]] = OrderedDict()
-        self._series: dict[tuple[str, int], _SeriesState] = {}
+        # (family key, label set, (job_name, rank, source)) -> file
+        self._parts: dict[tuple[str, str, _Series], Path] = {}
+        self._open: OrderedDict[tuple[str, str, _Series], IO[str]] = OrderedDict()
+        self._series: dict[tuple[str, int, str], _SeriesState] = {}
 
     # -- placing a row in time
     def timestamp_ms(self, row: Row) -> int:
         if row.time is not None:
-            return round(row.time * 1000)
-        if self.start is None:
+            seconds = row.time
+        elif self.start is None:
             raise BackfillError(
-                f"{row.path}:{row.line}: step {row.step} has no timestamp (mfotel text lines "
-                f"carry none); pass --start (unix seconds or ISO 8601) and --step-seconds")
-        return round((self.start + row.step * self.step_seconds) * 1000)
+                f"{row.path}:{row.line}: step {row.step} has no timestamp (text lines of older "
+                f"mfotel versions carry none); pass --start (unix seconds or ISO 8601) and "
+                f"--step-seconds")
+        else:
+            seconds = self.start + row.step * self.step_seconds
+        if not (math.isfinite(seconds) and 0.0 <= seconds <= MAX_TIME):
+            raise BackfillError(
+                f"{row.path}:{row.line}: step {row.step} would be at time {seconds!r}, outside "
+                f"the years 1970..9999"
+                + ("" if row.time is not None else "; check --start and --step-seconds"))
+        return round(seconds * 1000)
 
-    def _out(self, family: str, labels: str) -> IO[str]:
-        key = (family, labels)
+    def _out(self, family: str, labels: str, series: _Series) -> IO[str]:
+        key = (family, labels, series)
         handle = self._open.get(key)
         if handle is not None:
             self._open.move_to_end(key)
@@ -117,21 +152,19 @@ class OpenMetricsWriter:
 
     def add(self, row: Row, job_name: str) -> None:
         ms = self.timestamp_ms(row)
-        key = (job_name, row.rank)
+        key = (job_name, row.rank, row.source)
         state = self._series.get(key)
         if state is None:
             state = self._series[key] = _SeriesState()
-            self.stats.series.add(key)
         if state.last_ms is not None and ms <= state.last_ms:
             # Prometheus rejects out-of-order and duplicate-timestamp samples of a series.
-            self.stats.skipped_out_of_order += 1
+            state.skipped_out_of_order += 1
             return
         state.last_ms = ms
         seconds = ms / 1000.0
-        self.stats.rows += 1
-        stats = self.stats
-        stats.min_time = seconds if stats.min_time is None else min(stats.min_time, seconds)
-        stats.max_time = seconds if stats.max_time is None else max(stats.max_time, seconds)
+        state.rows += 1
+        state.min_time = seconds if state.min_time is None else min(state.min_time, seconds)
+        state.max_time = seconds if state.max_time is None else max(state.max_time, seconds)
         labels = f'job_name="{_escape_label(job_name)}",rank="{row.rank}"'
         suffix = f" {ms // 1000}.{ms % 1000:03d}\n"
         samples: list[tuple[str, str, float]] = []   # (family key, labels, value)
@@ -167,13 +200,14 @@ class OpenMetricsWriter:
             state.overflow += int(row.overflow)
             put("overflow", state.overflow)
         for key_, label_text, value in samples:
-            self._out(key_, label_text).write(
+            self._out(key_, label_text, key).write(
                 f"{spec(key_).sample_name}{{{label_text}}} {_value(value)}{suffix}")
-        self.stats.samples += len(samples)
+        state.samples += len(samples)
         if row.step_time is not None and math.isfinite(row.step_time):
-            self._histogram(state, labels, row.step_time, suffix)
+            self._histogram(state, labels, key, row.step_time, suffix)
 
-    def _histogram(self, state: _SeriesState, labels: str, seconds: float, suffix: str) -> None:
+    def _histogram(self, state: _SeriesState, labels: str, series: _Series, seconds: float,
+                   suffix: str) -> None:
         for index, bound in enumerate(STEP_TIME_BUCKETS):
             if seconds <= bound:
                 state.buckets[index] += 1
@@ -182,23 +216,44 @@ class OpenMetricsWriter:
             state.buckets[-1] += 1
         state.duration_sum += seconds
         name = spec("step_duration").prometheus_name
-        out = self._out("step_duration", labels)
+        out = self._out("step_duration", labels, series)
         cumulative = 0
         for le, count in zip(_BUCKET_LABELS, state.buckets):
             cumulative += count
             out.write(f'{name}_bucket{{{labels},le="{le}"}} {cumulative}{suffix}')
         out.write(f"{name}_count{{{labels}}} {cumulative}{suffix}")
         out.write(f"{name}_sum{{{labels}}} {_value(state.duration_sum)}{suffix}")
-        self.stats.samples += len(_BUCKET_LABELS) + 2
+        state.samples += len(_BUCKET_LABELS) + 2
+
+    def _choose_sources(self) -> BackfillStats:
+        """The first of SOURCES per (job_name, rank) that has rows; the rest left out."""
+        stats = BackfillStats()
+        by_series: dict[tuple[str, int], dict[str, _SeriesState]] = {}
+        for (job_name, rank, source), state in self._series.items():
+            by_series.setdefault((job_name, rank), {})[source] = state
+        order = {source: index for index, source in enumerate(SOURCES)}
+        for series, states in by_series.items():
+            present = sorted((s for s in states if states[s].rows),
+                             key=lambda s: (order.get(s, len(order)), s))
+            if not present:
+                continue
+            stats.series.add(series)
+            stats.sources[series] = present[0]
+            stats._merge(states[present[0]])
+            stats.left_out += [(*series, s, states[s].rows) for s in present[1:]]
+        return stats
 
     def close(self) -> BackfillStats:
-        """Assemble `path` (HELP/TYPE per family, samples, `# EOF`); remove the temp files."""
+        """Assemble `path` (HELP/TYPE per family, samples, `# EOF`) from the chosen source of
+        each series; remove the temp files."""
         try:
             self._close_handles()
+            stats = self._choose_sources()
             with open(self.path, "w", encoding="utf-8") as out:
                 for metric_spec in CONTRACT:
-                    parts = [path for (family, _), path in self._parts.items()
-                             if family == metric_spec.key]
+                    parts = [path for (family, _, (job_name, rank, source)), path
+                             in self._parts.items() if family == metric_spec.key
+                             and stats.sources.get((job_name, rank)) == source]
                     if not parts:
                         continue
                     out.write(_header(metric_spec))
@@ -208,7 +263,7 @@ class OpenMetricsWriter:
                 out.write("# EOF\n")
         finally:
             self.discard()
-        return self.stats
+        return stats
 
     def _close_handles(self) -> None:
         while self._open:

@@ -3,8 +3,9 @@
     add_log_commands(subparsers)     # from mfotel.cli.build_parser
 
 Each RUN is a monitor log file (mfotel text or JSON lines, mindformers info.log) or a
-directory holding them. Unparseable monitor lines are reported on stderr with their line
-numbers; `--strict` turns them into exit code 1.
+directory holding them (recognised by content). Unparseable monitor lines are reported on
+stderr with their line numbers; `--strict` turns them into exit code 1. Files that cannot be
+read or written are one-line errors (exit 1), never tracebacks.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .parse import ParseReport, Progress, Run, discover_runs, iter_rows
+from .parse import MAX_TIME, SOURCES, ParseReport, Progress, Row, Run, discover_runs, iter_rows
 
 EXIT_OK, EXIT_ERROR = 0, 1
 
@@ -36,9 +37,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no notes")
 
 
+PROGRESS_DELAY = 0.5   # seconds before a bar appears: quick parses stay quiet
+
+
 @contextmanager
 def _progress(runs: list[Run], quiet: bool) -> Iterator[Progress | None]:
-    """A tqdm bar over the bytes of all files, when tqdm is installed and stderr is a TTY."""
+    """A tqdm bar over the bytes of all files, when tqdm is installed and stderr is a TTY;
+    it shows only when parsing takes longer than PROGRESS_DELAY."""
     if quiet or not sys.stderr.isatty():
         yield None
         return
@@ -49,7 +54,7 @@ def _progress(runs: list[Run], quiet: bool) -> Iterator[Progress | None]:
         return
     total = sum(run.total_bytes() for run in runs)
     with tqdm(total=total, unit="B", unit_scale=True, desc="parsing", leave=False,
-              file=sys.stderr) as bar:
+              file=sys.stderr, delay=PROGRESS_DELAY) as bar:
         yield bar.update
 
 
@@ -72,23 +77,32 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
-def _missing_runs_are_errors(command: Callable[[argparse.Namespace], int]
-                             ) -> Callable[[argparse.Namespace], int]:
-    """A RUN path that does not exist is a one-line error, not a traceback."""
+def _file_errors_are_messages(command: Callable[[argparse.Namespace], int]
+                              ) -> Callable[[argparse.Namespace], int]:
+    """A RUN that does not exist, a log that cannot be read, an output that cannot be
+    written: a one-line error naming the file, not a traceback."""
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
         except FileNotFoundError as exc:
-            return _error(str(exc))
+            return _error(str(exc) if exc.filename is None
+                          else f"{exc.filename}: {exc.strerror or exc}")
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            return _error(f"{where}{exc.strerror or exc}")
     return run
 
 
 # --- commands ------------------------------------------------------------------------------
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    """Loss, learning rate, grad norm and throughput curves, runs overlaid."""
+    """Loss, learning rate, grad norm, throughput and step time curves, runs overlaid."""
     from . import plot
+    try:
+        out = plot.output_path(args.output)     # before the parse, which may take a while
+    except ValueError as exc:
+        return _error(str(exc))
     runs = _runs(args)
     report = ParseReport()
     with _progress(runs, args.quiet) as progress:
@@ -99,10 +113,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         return _error("no training steps found in " + ", ".join(args.runs))
     try:
         figure = plot.build_figure(series, smooth=args.smooth, log_scale=args.log_scale,
-                                   title=args.title)
+                                   title=args.title, auto_log=not args.linear)
     except ValueError as exc:
         return _error(str(exc))
-    out = plot.save(figure, Path(args.output), dpi=args.dpi)
+    out = plot.save(figure, out, dpi=args.dpi)
     status = _finish(report, args)
     if not args.quiet:
         print(f"mfotel: wrote {out}", file=sys.stderr)
@@ -132,18 +146,23 @@ def parse_time(text: str) -> float:
     """Unix seconds from `1764671400`, `2025-12-02T10:30:00Z` or `2025-12-02 10:30:00+08:00`
     (no zone: local time)."""
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither unix seconds nor an ISO 8601 time") from None
+        try:
+            seconds = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except (ValueError, OverflowError, OSError):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither unix seconds nor an ISO 8601 time") from None
+    if not (math.isfinite(seconds) and 0.0 <= seconds <= MAX_TIME):
+        raise argparse.ArgumentTypeError(f"{text!r} is outside the years 1970..9999")
+    return seconds
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
     if not value > 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
@@ -164,14 +183,20 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     report = ParseReport()
     try:
         with _progress(runs, args.quiet) as progress:
-            stats = write_openmetrics(iter_rows(runs, report, progress), om_path,
-                                      job_names=job_names, start=args.start,
+            rows: Iterator[Row] = iter_rows(runs, report, progress)
+            if args.source:
+                rows = (row for row in rows if row.source in args.source)
+            stats = write_openmetrics(rows, om_path, job_names=job_names, start=args.start,
                                       step_seconds=args.step_seconds)
     except BackfillError as exc:
         return _error(str(exc))
     status = _finish(report, args)
     if stats.rows == 0:
         return _error("no training steps found in " + ", ".join(args.runs))
+    for job_name, rank, source, count in stats.left_out:
+        print(f"mfotel: note: job_name {job_name} rank {rank}: backfilled from "
+              f"{stats.sources[(job_name, rank)]}; left out its {count} {source} step(s) "
+              f"(--source {source} to backfill those instead)", file=sys.stderr)
     if stats.skipped_out_of_order:
         print(f"mfotel: warning: skipped {stats.skipped_out_of_order} row(s) whose time was not "
               f"after the previous row of the same job_name and rank", file=sys.stderr)
@@ -222,7 +247,11 @@ def cmd_summary(args: argparse.Namespace) -> int:
 # --- registration --------------------------------------------------------------------------
 
 def _smooth(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"smoothing weight must be a number, got {text!r}"
+                                         ) from None
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"smoothing weight must be in [0, 1), got {text}")
     return value
@@ -231,22 +260,29 @@ def _smooth(text: str) -> float:
 def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register plot, export, backfill and summary; each sets `func(args) -> exit code`."""
     plot = subparsers.add_parser(
-        "plot", help="draw loss, lr, grad norm and throughput curves of runs",
-        description="Draw loss, learning rate, grad norm and throughput of one or more runs "
-                    "(overlaid, with a legend). NaN/Inf steps are marked with x.")
+        "plot", help="draw loss, lr, grad norm, throughput and step time curves of runs",
+        description="Draw loss, learning rate, grad norm, throughput and step time of one or "
+                    "more runs (overlaid, with a legend; each series its own colour and dash "
+                    "pattern). NaN/Inf steps are marked with x. The loss and step-time axes are "
+                    "logarithmic when their values span a decade or more.")
     _common(plot)
     plot.add_argument("-o", "--output", default="curves.png",
-                      help="image file; format from the extension (.png default, .svg, .pdf)")
+                      help="image file; format from the extension (.png default, .svg, .pdf, "
+                           "...)")
     plot.add_argument("--smooth", type=_smooth, default=None, metavar="W",
                       help="also draw an exponential moving average with weight W in [0, 1), "
                            "e.g. 0.9")
     plot.add_argument("--log-scale", action="store_true",
-                      help="logarithmic y axis for loss, learning rate and grad norm")
+                      help="logarithmic y axis on every panel (loss, learning rate, grad norm, "
+                           "throughput, step time)")
+    plot.add_argument("--linear", action="store_true",
+                      help="linear loss and step-time axes even when their values span a "
+                           "decade or more")
     plot.add_argument("--rank", type=int, action="append", default=[],
                       help="only this rank (repeatable; default: all)")
     plot.add_argument("--title", default=None)
     plot.add_argument("--dpi", type=int, default=120)
-    plot.set_defaults(func=_missing_runs_are_errors(cmd_plot))
+    plot.set_defaults(func=_file_errors_are_messages(cmd_plot))
 
     export = subparsers.add_parser(
         "export", help="write runs as a tidy CSV",
@@ -254,7 +290,7 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
                     "learning_rate, grad_norm, throughput, step_time, loss_scale.")
     _common(export)
     export.add_argument("--csv", required=True, metavar="PATH", help="output CSV ('-' = stdout)")
-    export.set_defaults(func=_missing_runs_are_errors(cmd_export))
+    export.set_defaults(func=_file_errors_are_messages(cmd_export))
 
     backfill = subparsers.add_parser(
         "backfill", help="write runs as OpenMetrics for Prometheus (promtool backfill)",
@@ -267,13 +303,16 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
     backfill.add_argument("--job-name", action="append", default=[],
                           help="job_name label of the n-th RUN (repeatable; default: the run name)")
     backfill.add_argument("--start", type=parse_time, default=None,
-                          help="time of step 0 for rows without a timestamp (mfotel text lines): "
-                               "unix seconds or ISO 8601")
+                          help="time of step 0 for rows without a timestamp (text lines of "
+                               "older mfotel versions): unix seconds or ISO 8601")
     backfill.add_argument("--step-seconds", type=_positive, default=1.0,
                           help="seconds per step for rows without a timestamp (default 1)")
+    backfill.add_argument("--source", action="append", choices=SOURCES, default=[],
+                          help="only rows of this source (repeatable); default: per job_name "
+                               "and rank the first present of " + ", ".join(SOURCES))
     backfill.add_argument("--create-blocks", action="store_true",
                           help="run promtool tsdb create-blocks-from openmetrics into OUT/data")
-    backfill.set_defaults(func=_missing_runs_are_errors(cmd_backfill))
+    backfill.set_defaults(func=_file_errors_are_messages(cmd_backfill))
 
     summary = subparsers.add_parser(
         "summary", help="Markdown summary table per run",
@@ -281,7 +320,7 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
                     "non-finite step with the lr and grad norm before it, mean throughput.")
     _common(summary)
     summary.add_argument("-o", "--output", default=None, help="write to this file, not stdout")
-    summary.set_defaults(func=_missing_runs_are_errors(cmd_summary))
+    summary.set_defaults(func=_file_errors_are_messages(cmd_summary))
 
 
 def main(argv: list[str] | None = None) -> int:

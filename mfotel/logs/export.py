@@ -1,10 +1,12 @@
-"""Rows as a tidy CSV: one line per (run, rank, step), one column per value.
+"""Rows as a tidy CSV: one line per (run, rank, source, step), one column per value.
 
     with open("out.csv", "w", newline="") as handle:
         write_csv(iter_rows(discover_runs(["runs/exp1"])), handle)
 
 Missing values are empty cells; NaN and ±Inf are written `nan`, `inf`, `-inf` (pandas and
-spreadsheets read them back as such); floats are written to round-trip exactly.
+spreadsheets read them back as such); floats are written to round-trip exactly. `source` says
+which log a line comes from (`mfotel-text`, `mfotel-json`, `mindformers-info`): the same step
+logged by mfotel and by MFLossMonitor is two lines, never one mixed line.
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from typing import IO, Iterable
 
 from .parse import Row
 
-COLUMNS: tuple[str, ...] = ("run", "rank", "step", "epoch", "time", "loss", "learning_rate",
-                            "grad_norm", "throughput", "step_time", "loss_scale")
+COLUMNS: tuple[str, ...] = ("run", "rank", "source", "step", "epoch", "time", "loss",
+                            "learning_rate", "grad_norm", "throughput", "step_time", "loss_scale")
 
 
 def _cell(value: object) -> object:

@@ -1,11 +1,16 @@
-"""Training curves of one or more runs: loss, learning rate, grad norm, throughput.
+"""Training curves of one or more runs: loss, learning rate, grad norm, throughput, step time.
 
     series = collect(iter_rows(discover_runs(["runs/a", "runs/b"])))
     save(build_figure(series, smooth=0.9), Path("curves.png"))   # .svg/.pdf by extension
 
 matplotlib is imported here only, lazily, with the Agg backend (no display, no pyplot state).
-Steps whose value is NaN/Inf are marked with an `x` on the top edge of their subplot, and
-the first non-finite loss step of each series with a dotted vertical line on every subplot.
+Each (run, rank, source) is one series with its own colour, dash pattern and width, so equal
+curves stay visible on top of each other; series with few points get markers. The loss axis
+and the step-time axis are logarithmic when their values span a decade or more
+(`auto_log=False` turns that off);
+`log_scale=True` makes every panel logarithmic. Steps whose value is NaN/Inf are marked with
+an `x` on the top edge of their subplot, and the first non-finite loss step of each series
+with a dotted vertical line on every subplot.
 """
 from __future__ import annotations
 
@@ -18,19 +23,29 @@ from typing import TYPE_CHECKING, Collection, Iterable
 from .parse import Row
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 PANELS: tuple[tuple[str, str], ...] = (
     ("loss", "loss"), ("learning_rate", "learning rate"), ("grad_norm", "grad norm"),
-    ("throughput", "throughput (samples/s)"))
-LOG_SCALE_PANELS = ("loss", "learning_rate", "grad_norm")
+    ("throughput", "throughput (samples/s)"), ("step_time", "step time (s)"))
+AUTO_LOG_PANELS = ("loss", "step_time")   # a first step that compiles the graph, for one
+AUTO_LOG_SPAN = 10.0          # max / min of the finite values: a decade or more
+SPARSE_POINTS = 40            # series with at most this many points get markers
+# Dash patterns and widths cycle apart from the 10 colours: a later series is drawn thinner
+# and dashed over an earlier one, so two identical curves still show both colours.
+LINE_STYLES: tuple[object, ...] = ("-", (0, (5, 2)), (0, (3, 1, 1, 1)),
+                                   (0, (6, 1.5, 1, 1.5, 1, 1.5)))
+LINE_WIDTHS = (2.4, 1.8, 1.4, 1.1)
+MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 @dataclass
 class Series:
-    """One (run, rank)'s values per metric: parallel arrays of steps and values (compact)."""
+    """One (run, rank, source)'s values per metric: parallel arrays of steps and values."""
     run: str
     rank: int
+    source: str = ""
     steps: dict[str, array] = field(default_factory=dict)
     values: dict[str, array] = field(default_factory=dict)
 
@@ -43,18 +58,24 @@ class Series:
     def points(self, metric: str) -> tuple[list[int], list[float]]:
         return list(self.steps.get(metric, ())), list(self.values.get(metric, ()))
 
+    @property
+    def gid(self) -> str:
+        return f"{self.run}/{self.rank}/{self.source}"
 
-def collect(rows: Iterable[Row],
-            ranks: Collection[int] | None = None) -> dict[tuple[str, int], Series]:
-    """Series keyed by (run, rank), in first-seen order; `ranks` filters."""
-    series: dict[tuple[str, int], Series] = {}
+
+SeriesKey = tuple[str, int, str]
+
+
+def collect(rows: Iterable[Row], ranks: Collection[int] | None = None) -> dict[SeriesKey, Series]:
+    """Series keyed by (run, rank, source), in first-seen order; `ranks` filters."""
+    series: dict[SeriesKey, Series] = {}
     for row in rows:
         if ranks is not None and row.rank not in ranks:
             continue
-        key = (row.run, row.rank)
+        key = (row.run, row.rank, row.source)
         target = series.get(key)
         if target is None:
-            target = series[key] = Series(row.run, row.rank)
+            target = series[key] = Series(row.run, row.rank, row.source)
         for metric, _ in PANELS:
             value = getattr(row, metric)
             if value is not None:
@@ -76,83 +97,146 @@ def ema(values: Iterable[float], weight: float) -> list[float]:
     return out
 
 
-def _label(item: Series, multi_rank: set[str]) -> str:
-    return f"{item.run} rank {item.rank}" if item.run in multi_rank else item.run
+def supported_formats() -> dict[str, str]:
+    """Image formats `save` can write: extension -> description (matplotlib's list)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    return FigureCanvasBase.get_supported_filetypes()
 
 
-def build_figure(series: dict[tuple[str, int], Series], smooth: float | None = None,
-                 log_scale: bool = False, title: str | None = None) -> "Figure":
-    """A 2x2 figure; each plotted line has gid `run/rank/metric/raw` (or `/smooth`)."""
+def output_path(path: str | Path) -> Path:
+    """The file `save` writes (`.png` when there is no extension); ValueError naming the
+    supported formats for any other extension."""
+    path = Path(path)
+    if not path.suffix:
+        return path.with_suffix(".png")
+    formats = supported_formats()
+    if path.suffix[1:].lower() not in formats:
+        raise ValueError(f"{path}: cannot write '{path.suffix}' images; use one of "
+                         + ", ".join(f".{ext}" for ext in sorted(formats)))
+    return path
+
+
+def _labels(series: dict[SeriesKey, Series]) -> list[str]:
+    """The run name, plus the rank when the run has several, plus the source when it has
+    several."""
+    ranks: dict[str, set[int]] = {}
+    sources: dict[str, set[str]] = {}
+    for run, rank, source in series:
+        ranks.setdefault(run, set()).add(rank)
+        sources.setdefault(run, set()).add(source)
+    labels = []
+    for run, rank, source in series:
+        label = f"{run} rank {rank}" if len(ranks[run]) > 1 else run
+        labels.append(f"{label} ({source})" if len(sources[run]) > 1 else label)
+    return labels
+
+
+def _spans_decades(ax: "Axes") -> bool:
+    values = [y for line in ax.lines if line.get_gid() and line.get_gid().endswith("/raw")
+              for y in line.get_ydata()]
+    return bool(values) and min(values) > 0 and max(values) / min(values) >= AUTO_LOG_SPAN
+
+
+def _can_log(ax: "Axes") -> bool:
+    return any(y > 0 for line in ax.lines if line.get_gid() and line.get_gid().endswith("/raw")
+               for y in line.get_ydata())
+
+
+def _plain_log_labels(ax: "Axes") -> None:
+    """`20`, `0.003` instead of `2x10^1`, `3x10^-3` on a log axis (minor ticks labelled
+    when the axis spans few decades, as matplotlib decides)."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return f"{x:g}"
+    ax.yaxis.set_major_formatter(Plain(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
+def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
+                 log_scale: bool = False, title: str | None = None,
+                 auto_log: bool = True) -> "Figure":
+    """A 3x2 figure of five panels; each plotted line has gid `run/rank/source/metric/raw`
+    (or `/smooth`, `/nonfinite`)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
     from matplotlib.transforms import blended_transform_factory
 
     if smooth is not None and not 0.0 <= smooth < 1.0:
         raise ValueError(f"smoothing weight must be in [0, 1), got {smooth}")
-    figure = Figure(figsize=(12, 8), layout="constrained")
-    axes = figure.subplots(2, 2, sharex=True).ravel()
-    ranks_per_run: dict[str, set[int]] = {}
-    for run, rank in series:
-        ranks_per_run.setdefault(run, set()).add(rank)
-    multi_rank = {run for run, ranks in ranks_per_run.items() if len(ranks) > 1}
-    colors = [f"C{index % 10}" for index in range(len(series))]
+    figure = Figure(figsize=(12, 11), layout="constrained")
+    grid = figure.subplots(3, 2, sharex=True).ravel()
+    figure.delaxes(grid[-1])
+    axes = list(grid[:len(PANELS)])
+    axes[-2].xaxis.set_tick_params(labelbottom=True)   # nothing below it any more
+    labels = _labels(series)
     marked_nonfinite = False
     for ax, (metric, heading) in zip(axes, PANELS):
         ax.set_title(heading)
         ax.grid(True, alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         top_edge = blended_transform_factory(ax.transData, ax.transAxes)
         has_data = False
-        for index, (color, item) in enumerate(zip(colors, series.values())):
+        for index, (label, item) in enumerate(zip(labels, series.values())):
             steps, values = item.points(metric)
-            label = _label(item, multi_rank)
+            style = dict(color=f"C{index % 10}", linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+                         linewidth=LINE_WIDTHS[index % len(LINE_WIDTHS)])
             finite = [(s, v) for s, v in zip(steps, values) if math.isfinite(v)]
             if finite:
                 has_data = True
                 xs, ys = zip(*finite)
+                if len(xs) <= SPARSE_POINTS:
+                    style.update(marker=MARKERS[index % len(MARKERS)], markersize=4)
                 smoothing = bool(smooth) and metric != "learning_rate"
                 # with smoothing the faint raw line stays out of the legend
-                raw = ax.plot(xs, ys, color=color, label="_raw" if smoothing else label,
-                              alpha=0.3 if smoothing else 1.0, linewidth=1.0)[0]
-                raw.set_gid(f"{item.run}/{item.rank}/{metric}/raw")
                 if smoothing:
-                    line = ax.plot(xs, ema(ys, smooth), color=color, linewidth=1.6,
-                                   label=label)[0]
-                    line.set_gid(f"{item.run}/{item.rank}/{metric}/smooth")
+                    raw = ax.plot(xs, ys, label="_raw", alpha=0.3,
+                                  **{**style, "marker": None})[0]
+                    line = ax.plot(xs, ema(ys, smooth), label=label, **style)[0]
+                    line.set_gid(f"{item.gid}/{metric}/smooth")
+                else:
+                    raw = ax.plot(xs, ys, label=label, **style)[0]
+                raw.set_gid(f"{item.gid}/{metric}/raw")
             bad = [s for s, v in zip(steps, values) if not math.isfinite(v)]
             if bad:
                 has_data = True
                 # on the top edge, each series a little lower so that overlaps stay visible
                 edge = 1.0 - 0.03 * (index % 8)
                 marker = ax.plot(bad, [edge] * len(bad), linestyle="none", marker="x",
-                                 color=color, markersize=8, clip_on=False, transform=top_edge,
+                                 color=style["color"], markersize=8, clip_on=False,
+                                 transform=top_edge,
                                  label=None if marked_nonfinite else "NaN/Inf")[0]
-                marker.set_gid(f"{item.run}/{item.rank}/{metric}/nonfinite")
+                marker.set_gid(f"{item.gid}/{metric}/nonfinite")
                 marked_nonfinite = True
-        if log_scale and metric in LOG_SCALE_PANELS and has_data:
+        if has_data and _can_log(ax) and (
+                log_scale or (auto_log and metric in AUTO_LOG_PANELS and _spans_decades(ax))):
             ax.set_yscale("log")
+            _plain_log_labels(ax)
         if not has_data:
             ax.text(0.5, 0.5, "not in the logs", transform=ax.transAxes, ha="center",
                     va="center", color="gray")
-    for color, item in zip(colors, series.values()):
+    for index, item in enumerate(series.values()):
         steps, values = item.points("loss")
         first_bad = next((s for s, v in zip(steps, values) if not math.isfinite(v)), None)
         if first_bad is not None:
             for ax in axes:
-                ax.axvline(first_bad, color=color, linestyle=":", linewidth=1.2)
-    for ax in axes[2:]:
+                ax.axvline(first_bad, color=f"C{index % 10}", linestyle=":", linewidth=1.2)
+    for ax in axes[-2:]:
         ax.set_xlabel("step")
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, legend_labels = axes[0].get_legend_handles_labels()
     for ax in axes[1:]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
+            if label not in legend_labels:
                 handles.append(handle)
-                labels.append(label)
-    if "NaN/Inf" in labels:   # a neutral marker: the series colours are in the other entries
+                legend_labels.append(label)
+    if "NaN/Inf" in legend_labels:   # a neutral marker: the series colours are in the others
         from matplotlib.lines import Line2D
-        handles[labels.index("NaN/Inf")] = Line2D([], [], linestyle="none", marker="x",
-                                                  color="0.3", markersize=8)
+        handles[legend_labels.index("NaN/Inf")] = Line2D([], [], linestyle="none", marker="x",
+                                                         color="0.3", markersize=8)
     if handles:
-        figure.legend(handles, labels, loc="outside lower center",
-                      ncol=min(len(labels), 4), frameon=False,
+        figure.legend(handles, legend_labels, loc="outside lower center",
+                      ncol=min(len(legend_labels), 4), frameon=False,
                       title=f"lines: EMA {smooth:g} over the faint raw values" if smooth else None)
     if title:
         figure.suptitle(title)
@@ -161,9 +245,7 @@ def build_figure(series: dict[tuple[str, int], Series], smooth: float | None = N
 
 def save(figure: "Figure", path: Path, dpi: int = 120) -> Path:
     """Write the figure; the format follows the extension (PNG when there is none)."""
-    path = Path(path)
-    if not path.suffix:
-        path = path.with_suffix(".png")
+    path = output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=dpi)
     return path

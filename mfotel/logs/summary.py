@@ -2,9 +2,11 @@
 
     print(summarize_markdown(discover_runs(["runs/exp1"])))
 
-Per rank: logged steps, first/last/min loss, the first step whose loss or grad norm was
-NaN/Inf with the learning rate and grad norm of the logged step just before it, mean
-throughput; per run: the config YAML found beside the logs.
+Per rank and source (mfotel's lines and mindformers' MFLossMonitor lines are kept apart: they
+measure throughput differently): logged steps, first/last/min loss, the first step whose loss
+or grad norm was NaN/Inf with the learning rate and grad norm of the logged step just before
+it, mean throughput; per run: the log files and what each holds, the config YAML found beside
+the logs.
 """
 from __future__ import annotations
 
@@ -13,13 +15,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .parse import ParseReport, Progress, Row, Run, is_finite, is_nonfinite, parse_file
+from .parse import (SOURCE_JSON, SOURCE_MINDFORMERS, SOURCE_TEXT, SOURCES, ParseReport, Progress,
+                    Row, Run, is_finite, is_nonfinite, parse_file)
+
+#: What each source's numbers are, for the reader of a summary.
+SOURCE_NOTES = {
+    SOURCE_TEXT: "mfotel `[Monitor]` lines: throughput = samples/s of this rank over the "
+                 "record interval",
+    SOURCE_JSON: "mfotel JSON lines: throughput = samples/s of this rank over the record "
+                 "interval",
+    SOURCE_MINDFORMERS: "mindformers MFLossMonitor lines (info.log): throughput = samples/s "
+                        "per device (`samples/s/p`), every step",
+}
 
 
 @dataclass
 class RankSummary:
-    """Streaming aggregate of one rank's rows."""
+    """Streaming aggregate of one rank's rows of one source."""
     rank: int
+    source: str = ""
     rows: int = 0
     first_step: int | None = None
     last_step: int | None = None
@@ -73,8 +87,9 @@ class RunSummary:
     name: str
     files: list[Path]
     config: Path | None
-    ranks: dict[int, RankSummary]
+    ranks: dict[tuple[int, str], RankSummary]      # (rank, source) -> summary
     problems: int = 0
+    kinds: dict[Path, str] | None = None
 
 
 def find_config(run: Run) -> Path | None:
@@ -107,16 +122,20 @@ def summarize(runs: Iterable[Run], report: ParseReport | None = None,
     """One RunSummary per run, streaming its files once."""
     report = report if report is not None else ParseReport()
     for run in runs:
-        ranks: dict[int, RankSummary] = {}
+        ranks: dict[tuple[int, str], RankSummary] = {}
         problems_before = report.problem_count
         for path in run.files:
             for row in parse_file(path, run=run.name, report=report, progress=progress):
-                summary = ranks.get(row.rank)
+                key = (row.rank, row.source)
+                summary = ranks.get(key)
                 if summary is None:
-                    summary = ranks[row.rank] = RankSummary(row.rank)
+                    summary = ranks[key] = RankSummary(row.rank, row.source)
                 summary.add(row)
-        yield RunSummary(run.name, list(run.files), find_config(run), dict(sorted(ranks.items())),
-                         report.problem_count - problems_before)
+        order = {source: index for index, source in enumerate(SOURCES)}
+        yield RunSummary(run.name, list(run.files), find_config(run),
+                         dict(sorted(ranks.items(),
+                                     key=lambda item: (item[0][0], order.get(item[0][1], 9)))),
+                         report.problem_count - problems_before, dict(run.kinds))
 
 
 def _fmt(value: float | None) -> str:
@@ -127,18 +146,23 @@ def _fmt(value: float | None) -> str:
     return f"{value:.6g}"
 
 
-_HEADER = ("rank", "steps logged", "step range", "first loss", "last loss", "min loss (step)",
-           "first non-finite step", "lr before it", "grad norm before it",
+_HEADER = ("rank", "source", "steps logged", "step range", "first loss", "last loss",
+           "min loss (step)", "first non-finite step", "lr before it", "grad norm before it",
            "mean throughput (samples/s)")
 
 
 def markdown(summary: RunSummary) -> str:
     """`## run`, where its logs and config are, and one table line per rank."""
     lines = [f"## {summary.name}", ""]
-    shown = ", ".join(f"`{path}`" for path in summary.files[:4])
+    kinds = summary.kinds or {}
+    shown = ", ".join(f"`{path}`" + (f" ({kinds[path]})" if path in kinds else "")
+                      for path in summary.files[:4])
     more = f" and {len(summary.files) - 4} more" if len(summary.files) > 4 else ""
     lines.append(f"- logs: {shown}{more}")
     lines.append(f"- config: `{summary.config}`" if summary.config else "- config: not found")
+    sources = sorted({source for _, source in summary.ranks},
+                     key=lambda source: SOURCES.index(source) if source in SOURCES else 9)
+    lines += [f"- source {source}: {SOURCE_NOTES.get(source, '')}" for source in sources]
     if summary.problems:
         lines.append(f"- unparseable monitor lines: {summary.problems}")
     lines += ["", "| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
@@ -150,7 +174,8 @@ def markdown(summary: RunSummary) -> str:
         else:
             nonfinite = f"{rank.first_nonfinite_step} ({rank.nonfinite_metric})"
         before = "" if rank.before_step is None else f" (step {rank.before_step})"
-        cells = [str(rank.rank), str(rank.rows), f"{rank.first_step}..{rank.last_step}",
+        cells = [str(rank.rank), rank.source, str(rank.rows),
+                 f"{rank.first_step}..{rank.last_step}",
                  _fmt(rank.first_loss), _fmt(rank.last_loss),
                  "-" if rank.min_loss is None else f"{_fmt(rank.min_loss)} ({rank.min_loss_step})",
                  nonfinite,
