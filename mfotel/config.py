@@ -54,6 +54,10 @@ class PrometheusConfig:
     certfile: str | None = None
     keyfile: str | None = None
     web_config_file: str | None = None  # Prometheus web-config format: TLS + basic auth
+    # limits of the endpoint against its network clients (mfotel.httpserver)
+    max_connections: int = 100             # open at once; at the cap the oldest idle one is closed
+    request_timeout_seconds: float = 10.0  # TLS handshake + request head; and taking the response
+    auth_failures_per_second: float = 1.0  # failed basic-auth logins per client address (2x for all)
 
 
 @dataclass(frozen=True)
@@ -399,11 +403,24 @@ def _actions(value: Any, source: str, key: str) -> ActionsConfig:
 # key -> (check, aliases); nested sections are dataclasses with their own tables
 _OUTPUT: dict[str, Check] = {"console": _bool, "file": _bool, "file_path": _string,
                              "format": _choice("text", "json")}
+def _positive_number(maximum: float, example: float) -> Check:
+    def check(value: Any, source: str, key: str) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not 0 < value <= maximum:
+            raise ConfigError(source, key, f"{value!r} is not a number above 0 and at most {maximum:g}",
+                              f"use e.g. {key.split('.')[-1]}: {example:g}")
+        return float(value)
+    return check
+
+
 _PROMETHEUS: dict[str, Check] = {"host": _string, "port": _int(0, 65535, 9464),
                                  "linger_seconds": _seconds, "linger_until_scraped": _bool,
                                  "certfile": _optional(_string),
                                  "keyfile": _optional(_string),
-                                 "web_config_file": _optional(_string)}
+                                 "web_config_file": _optional(_string),
+                                 "max_connections": _int(1, 10000, 100),
+                                 "request_timeout_seconds": _positive_number(3600, 10),
+                                 "auth_failures_per_second": _positive_number(1000, 1)}
 _OTLP: dict[str, Check] = {"endpoint": _optional(_string), "interval_seconds": _positive_seconds,
                            "timeout_seconds": _positive_seconds, "headers": _string_map}
 _TOP: dict[str, Check] = {
