@@ -10,6 +10,10 @@ requests go to a few daemon worker threads that call the WSGI app. The limits (`
 - the TLS handshake and the request head must arrive within `request_timeout` seconds of the
   accept, and the response must be taken within the same time (slowloris, stalled readers);
 - request heads of at most `max_head_bytes`; one request per connection (`Connection: close`);
+- a client whose connections end in errors (4xx/5xx answers, timeouts, evictions, failed
+  handshakes) more than `client_error_burst` times, then more than `client_errors_per_second`,
+  has its new connections closed as soon as accepted, before any parsing or TLS: a flooding or
+  password-guessing client costs the training process an accept and a close per connection;
 - `workers` threads call the app; the listen backlog holds `backlog` pending connections.
 
     server = HttpServer(app, "127.0.0.1", 9464, tls=context, limits=Limits(max_connections=64))
@@ -31,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote, urlsplit
 
+from .ratelimit import Buckets, client_key
+
 log = logging.getLogger("mfotel")
 WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
 #: (status line, headers, body) of one response
@@ -44,6 +50,8 @@ class Limits:
     workers: int = 4
     max_head_bytes: int = 8192
     backlog: int = 128  # socketserver's 5 drops bursts of scrapers
+    client_errors_per_second: float = 1.0
+    client_error_burst: int = 20
 
 
 def _plain(status: str) -> Response:
@@ -121,6 +129,7 @@ class HttpServer:
         self._connections: dict[asyncio.Task, bool] = {}
         self._workers: _Workers | None = None
         self._accepting: asyncio.Task | None = None
+        self._errors = Buckets(limits.client_errors_per_second, limits.client_error_burst)
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -167,11 +176,22 @@ class HttpServer:
                                 "retrying", exc.strerror or exc)
                 await asyncio.sleep(0.1)
                 continue
-            if not await self._make_room():
+            try:
+                await self._admit(conn, peer)
+            except Exception as exc:  # noqa: BLE001 - the endpoint must keep accepting
                 conn.close()
-                continue
-            task = loop.create_task(self._serve(conn, peer))
-            self._connections[task] = False
+                self.on_error("server")
+                self._warn_once("admit", "mfotel: /metrics dropped a connection (%s: %s)",
+                                type(exc).__name__, exc)
+
+    async def _admit(self, conn: socket.socket, peer: Any) -> None:
+        """Serve `conn` unless its client failed too often or every place is being served."""
+        client = client_key(str(peer[0])) if isinstance(peer, tuple) else ""
+        if not self._errors[client].ready() or not await self._make_room():
+            conn.close()
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(conn, peer, client))
+        self._connections[task] = False
 
     async def _make_room(self) -> bool:
         """Make room for one more connection; False if every open one is being served.
@@ -189,10 +209,10 @@ class HttpServer:
         await asyncio.wait({victim})  # its finally closed the socket (or scheduled the close first)
         return True
 
-    async def _serve(self, conn: socket.socket, peer: Any) -> None:
+    async def _serve(self, conn: socket.socket, peer: Any, client: str) -> None:
         task = asyncio.current_task()
         assert task is not None and self._workers is not None
-        timeout, transport = self.limits.request_timeout, None
+        timeout, transport, answered = self.limits.request_timeout, None, False
         try:
             async with asyncio.timeout(timeout):  # handshake and request head
                 reader, writer = await self._open(conn)
@@ -215,14 +235,21 @@ class HttpServer:
             async with asyncio.timeout(timeout):  # the client takes the response
                 writer.write(self._encode(response, head_only))
                 await writer.drain()
+                answered = response[0][:1] in ("2", "3")
                 writer.close()
                 await writer.wait_closed()
                 transport = None  # closed cleanly
         except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.TimeoutError,
                 asyncio.CancelledError):
             pass  # client gone, too slow, evicted, or the server stopping: drop the connection
+        except Exception as exc:  # noqa: BLE001 - one bad connection must not matter
+            self.on_error("server")
+            self._warn_once("serve", "mfotel: /metrics dropped a connection (%s: %s)",
+                            type(exc).__name__, exc)
         finally:
             self._connections.pop(task, None)
+            if not answered:
+                self._errors[client].spend()
             if transport is not None:
                 transport.abort()
             else:

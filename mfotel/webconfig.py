@@ -26,13 +26,13 @@ import os
 import re
 import ssl
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from .config import ConfigError, read_yaml
+from .ratelimit import Buckets, TokenBucket, client_key
 
 KEY = "monitor_config.prometheus.web_config_file"
 WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
@@ -230,19 +230,29 @@ def _names(value: Any, key: str, table: Mapping[str, Any], fail: _Fail) -> tuple
 def _tls(section: Mapping[str, Any], folder: Path, fail: _Fail) -> TlsConfig | None:
     if not section:
         return None
-    key = "tls_server_config"
+    for name, value in section.items():
+        if name not in ("cipher_suites", "curve_preferences", "client_allowed_sans",
+                        "prefer_server_cipher_suites") and not isinstance(value, (str, type(None))):
+            raise fail(f"tls_server_config.{name}", f"{value!r} is not a string",
+                       "write a file name or a name, e.g. min_version: TLS12")
     for inline, use in (("cert", "cert_file"), ("key", "key_file")):
         if section.get(inline):
-            raise fail(f"{key}.{inline}", "inline certificates and keys are not supported",
-                       f"write the PEM to a file readable only by the training user and set {use}")
+            raise fail(f"tls_server_config.{inline}", "inline certificates and keys are not "
+                       "supported", f"write the PEM to a file only the training user reads and set {use}")
     cert, private = section.get("cert_file"), section.get("key_file")
     if not cert or not private:
         others = sorted(k for k in section if k not in ("cert_file", "key_file"))
         what = f"{', '.join(others)} given but TLS is off" if others else "cert_file and key_file go together"
-        raise fail(f"{key}.{'key_file' if cert else 'cert_file'}", what,
+        raise fail(f"tls_server_config.{'key_file' if cert else 'cert_file'}", what,
                    "set both cert_file and key_file (the server's certificate), or remove "
                    "tls_server_config")
-    values: dict[str, Any] = {"cert_file": _file(folder, cert), "key_file": _file(folder, private)}
+    return TlsConfig(cert_file=_file(folder, cert), key_file=_file(folder, private),
+                     **_client_auth(section, folder, fail), **_versions(section, fail),
+                     **_suites(section, fail))
+
+
+def _client_auth(section: Mapping[str, Any], folder: Path, fail: _Fail) -> dict[str, Any]:
+    key = "tls_server_config"
     auth = section.get("client_auth_type") or "NoClientCert"
     if auth in ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert"):
         raise fail(f"{key}.client_auth_type", f"{auth} accepts certificates nobody verified "
@@ -252,45 +262,18 @@ def _tls(section: Mapping[str, Any], folder: Path, fail: _Fail) -> TlsConfig | N
     if auth not in CLIENT_AUTH:
         raise fail(f"{key}.client_auth_type", f"unknown value {auth!r}",
                    f"use one of {', '.join(CLIENT_AUTH)}{_did_you_mean(auth, CLIENT_AUTH)}")
-    values["client_auth_type"] = auth
+    values: dict[str, Any] = {"client_auth_type": auth}
     if section.get("client_ca_file"):
         values["client_ca_file"] = _file(folder, section["client_ca_file"])
     if section.get("client_ca"):
-        values["client_ca"] = str(section["client_ca"])
-    has_ca = bool(section.get("client_ca_file") or section.get("client_ca"))
+        values["client_ca"] = section["client_ca"]
+    has_ca = "client_ca_file" in values or "client_ca" in values
     if has_ca and auth == "NoClientCert":
         raise fail(f"{key}.client_auth_type", "client_ca_file is set but client certificates are "
                    "not asked for", "set client_auth_type: RequireAndVerifyClientCert")
     if auth != "NoClientCert" and not has_ca:
         raise fail(f"{key}.client_ca_file", f"client_auth_type {auth} needs the CA that signs the "
                    "scrapers' certificates", "set client_ca_file (a PEM file of that CA)")
-    for bound in ("min_version", "max_version"):
-        if section.get(bound) is not None:
-            version = section[bound]
-            if version not in TLS_VERSIONS:
-                raise fail(f"{key}.{bound}", f"unknown TLS version {version!r}",
-                           f"use one of {', '.join(TLS_VERSIONS)}")
-            values[bound] = version
-    tls = TlsConfig(**values)
-    if TLS_VERSIONS[tls.min_version] > TLS_VERSIONS[tls.max_version]:
-        raise fail(f"{key}.min_version", f"{tls.min_version} is above max_version {tls.max_version}",
-                   "lower min_version or raise max_version")
-    more: dict[str, Any] = {}
-    if section.get("cipher_suites") is not None:
-        more["cipher_suites"] = _names(section["cipher_suites"], f"{key}.cipher_suites",
-                                       CIPHER_SUITES, fail)
-    if section.get("curve_preferences") is not None:
-        curves = _names(section["curve_preferences"], f"{key}.curve_preferences", CURVES, fail)
-        if len(curves) > 1:
-            raise fail(f"{key}.curve_preferences", f"{len(curves)} curves listed; Python's ssl "
-                       "module can restrict the key exchange to one curve only",
-                       f"list one curve (e.g. [{curves[0]}]) or remove curve_preferences")
-        more["curve"] = curves[0] if curves else None
-    prefer = section.get("prefer_server_cipher_suites", True)
-    if not isinstance(prefer, bool):
-        raise fail(f"{key}.prefer_server_cipher_suites", f"{prefer!r} is not a boolean",
-                   "write true or false")
-    more["prefer_server_cipher_suites"] = prefer
     sans = section.get("client_allowed_sans")
     if sans is not None:
         if not isinstance(sans, list) or not sans or not all(isinstance(s, str) for s in sans):
@@ -299,8 +282,45 @@ def _tls(section: Mapping[str, Any], folder: Path, fail: _Fail) -> TlsConfig | N
         if auth != "RequireAndVerifyClientCert":
             raise fail(f"{key}.client_allowed_sans", f"needs client certificates, but "
                        f"client_auth_type is {auth}", "set client_auth_type: RequireAndVerifyClientCert")
-        more["client_allowed_sans"] = tuple(sans)
-    return replace(tls, **more)
+        values["client_allowed_sans"] = tuple(sans)
+    return values
+
+
+def _versions(section: Mapping[str, Any], fail: _Fail) -> dict[str, str]:
+    key = "tls_server_config"
+    values = {"min_version": "TLS12", "max_version": "TLS13"}
+    for bound in values:
+        version = section.get(bound)
+        if version is not None:
+            if version not in TLS_VERSIONS:
+                raise fail(f"{key}.{bound}", f"unknown TLS version {version!r}",
+                           f"use one of {', '.join(TLS_VERSIONS)}")
+            values[bound] = version
+    if TLS_VERSIONS[values["min_version"]] > TLS_VERSIONS[values["max_version"]]:
+        raise fail(f"{key}.min_version", f"{values['min_version']} is above max_version "
+                   f"{values['max_version']}", "lower min_version or raise max_version")
+    return values
+
+
+def _suites(section: Mapping[str, Any], fail: _Fail) -> dict[str, Any]:
+    key = "tls_server_config"
+    values: dict[str, Any] = {}
+    if section.get("cipher_suites") is not None:
+        values["cipher_suites"] = _names(section["cipher_suites"], f"{key}.cipher_suites",
+                                         CIPHER_SUITES, fail)
+    if section.get("curve_preferences") is not None:
+        curves = _names(section["curve_preferences"], f"{key}.curve_preferences", CURVES, fail)
+        if len(curves) > 1:
+            raise fail(f"{key}.curve_preferences", f"{len(curves)} curves listed; Python's ssl "
+                       "module can restrict the key exchange to one curve only",
+                       f"list one curve (e.g. [{curves[0]}]) or remove curve_preferences")
+        values["curve"] = curves[0] if curves else None
+    prefer = section.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        raise fail(f"{key}.prefer_server_cipher_suites", f"{prefer!r} is not a boolean",
+                   "write true or false")
+    values["prefer_server_cipher_suites"] = prefer
+    return values
 
 
 def _file(folder: Path, name: Any) -> str:
@@ -388,38 +408,6 @@ def _rate_limit(section: Mapping[str, Any], fail: _Fail) -> tuple[float, int] | 
 
 
 # ---------------------------------------------------------------- the middlewares
-class TokenBucket:
-    """`rate` tokens per second, at most `burst` saved up; thread-safe."""
-
-    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate, self.burst = rate, burst
-        self._clock = clock
-        self._tokens, self._at = float(burst), self._clock()
-        self._lock = threading.Lock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-
-    def take(self) -> bool:
-        with self._lock:
-            self._refill()
-            if self._tokens < 1:
-                return False
-            self._tokens -= 1
-            return True
-
-    def give_back(self) -> None:
-        with self._lock:
-            self._tokens = min(self.burst, self._tokens + 1)
-
-    def seconds_to_token(self) -> float:
-        with self._lock:
-            self._refill()
-            return max(0.0, (1 - self._tokens) / self.rate)
-
-
 def _respond(start_response: Callable, status: str, headers: list[tuple[str, str]] = ()) -> list[bytes]:
     body = status[4:].encode() + b"\n"
     start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
@@ -453,28 +441,17 @@ class ExtraHeaders:
 
 
 class FailureLimit:
-    """Token buckets of failed logins, per client address and for all clients together."""
+    """Token buckets of failed logins, per client and for all clients together."""
 
-    ADDRESSES = 1024  # buckets kept; an address beyond starts with a full bucket
     BURST = 5
 
     def __init__(self, per_second: float) -> None:
-        self.per_second = per_second
+        self.by_client = Buckets(per_second, self.BURST)
         self.everyone = TokenBucket(2 * per_second, 2 * self.BURST)
-        self._by_address: OrderedDict[str, TokenBucket] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def _bucket(self, address: str) -> TokenBucket:
-        with self._lock:
-            bucket = self._by_address.pop(address, None) or TokenBucket(self.per_second, self.BURST)
-            self._by_address[address] = bucket  # most recent last
-            while len(self._by_address) > self.ADDRESSES:
-                self._by_address.popitem(last=False)
-            return bucket
 
     def reserve(self, address: str) -> bool:
         """Take one failure from both buckets, or neither; False when either is empty."""
-        mine = self._bucket(address)
+        mine = self.by_client[client_key(address)]
         if not mine.take():
             return False
         if not self.everyone.take():
@@ -484,11 +461,12 @@ class FailureLimit:
 
     def refund(self, address: str) -> None:
         """The attempt succeeded: it was no failure."""
-        self._bucket(address).give_back()
+        self.by_client[client_key(address)].give_back()
         self.everyone.give_back()
 
     def retry_after(self, address: str) -> int:
-        return math.ceil(max(self._bucket(address).seconds_to_token(), self.everyone.seconds_to_token()))
+        mine = self.by_client[client_key(address)]
+        return math.ceil(max(mine.seconds_to_token(), self.everyone.seconds_to_token()))
 
 
 class BasicAuth:

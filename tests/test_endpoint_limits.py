@@ -19,8 +19,10 @@ from conftest import samples, value
 from endpoint_support import (closed_by_peer, idle_connections, make_pki, open_fds,
                               proc_status, request, serve, wait_until)
 from mfotel.demo.stack import free_port
+from mfotel.ratelimit import client_key
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRAPER = "127.0.0.2"  # the legitimate scraper's address; attackers connect from 127.0.0.1
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,7 @@ def test_connection_cap_closes_the_oldest_idle_connections_first(endpoint, port)
         # the 8 newest connections take the 8 places; every older one was closed, oldest first
         assert wait_until(lambda: all(closed_by_peer(s) for s in first), timeout=10)
         assert not any(closed_by_peer(s) for s in last)
-        reply = request(port, timeout=5)  # a scraper still gets in, in place of the oldest idle
+        reply = request(port, source=SCRAPER, timeout=5)  # gets in, in place of the oldest idle
         assert reply.status == 200
         assert wait_until(lambda: closed_by_peer(last[0]), timeout=10)
         assert not any(closed_by_peer(s) for s in last[1:])
@@ -119,13 +121,21 @@ def test_connection_cap_closes_the_oldest_idle_connections_first(endpoint, port)
             sock.close()
 
 
+def test_client_whose_connections_fail_is_closed_at_accept_others_are_served(endpoint, port):
+    endpoint()  # 20 failed connections, then one per second
+    statuses = [request(port, path="/nowhere", source="127.0.0.3").status for _ in range(25)]
+    assert statuses[:20] == [404] * 20 and statuses[-1] == 0  # closed before any parsing
+    assert request(port, source=SCRAPER).status == 200
+    assert wait_until(lambda: request(port, source="127.0.0.3").status == 200, timeout=10)
+
+
 def test_server_threads_stay_fixed_under_a_thousand_idle_connections(endpoint, port):
     endpoint(request_timeout_seconds=60)
     assert request(port).status == 200
     before = proc_status(os.getpid(), "Threads")
     flood = idle_connections(port, 1000)
     try:
-        assert request(port, timeout=10).status == 200
+        assert request(port, source=SCRAPER, timeout=10).status == 200
         assert proc_status(os.getpid(), "Threads") == before
     finally:
         for sock in flood:
@@ -186,7 +196,7 @@ def test_training_survives_1000_idle_connections_with_1024_file_descriptors(tmp_
             seen["fds"] = max(seen["fds"], open_fds(trainer.pid))
             return step() >= at_flood + 500
         assert wait_until(trained_on, 120), "training stalled under the flood"
-        reply = request(port, timeout=10)  # a legitimate scrape, within Prometheus' default timeout
+        reply = request(port, source=SCRAPER, timeout=10)  # within Prometheus' default timeout
         assert reply.status == 200
         assert value(samples(reply.body.decode()), "mindformers_train_step") >= at_flood
         assert seen["threads"] <= threads + 5, seen  # not one per connection
@@ -202,3 +212,14 @@ def test_training_survives_1000_idle_connections_with_1024_file_descriptors(tmp_
             trainer.kill()
             trainer.wait(30)
 
+
+
+@pytest.mark.parametrize("address,client", [
+    ("192.0.2.7", "192.0.2.7"),
+    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),  # a host owns its /64: one client
+    ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
+    ("::ffff:192.0.2.7", "192.0.2.7"),               # IPv4 on a dual-stack socket
+    ("fe80::1%eth0", "fe80::/64"),
+])
+def test_client_key_groups_addresses_by_client(address, client):
+    assert client_key(address) == client

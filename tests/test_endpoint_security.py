@@ -8,6 +8,9 @@ import urllib.request
 
 import bcrypt
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from endpoint_support import basic, request, serve, timed
 from mfotel.config import ConfigError
@@ -135,11 +138,14 @@ def test_failed_logins_get_429_per_address_then_for_everyone(auth_endpoint, port
     assert others == [401] * 5 + [429]
 
 
-def test_verified_scraper_is_served_while_its_address_is_rate_limited(auth_endpoint, port):
+def test_verified_scraper_is_served_while_an_attacker_is_rate_limited(auth_endpoint, port):
     auth_endpoint()
     assert request(port, **basic("prometheus", PASSWORD)).status == 200
-    attack = [request(port, **basic("prometheus", f"guess-{i}")).status for i in range(20)]
-    assert attack.count(401) == 5 and attack.count(429) == 15
+    attack = [request(port, source="127.0.0.2", **basic("prometheus", f"guess-{i}")).status
+              for i in range(25)]
+    # 5 bcrypt checks (the address's burst), then 429 without bcrypt, then, the client having
+    # failed 20 times, its connections are closed as soon as accepted
+    assert attack[:5] == [401] * 5 and attack[5:20] == [429] * 15 and attack[-1] == 0, attack
     # verified credentials are cached (apart from failures): no bcrypt, no token needed
     assert all(request(port, **basic("prometheus", PASSWORD)).status == 200 for _ in range(5))
     assert request(port, **basic("prometheus", "guess-0")).status == 401  # a cached failure
@@ -250,3 +256,27 @@ def test_rate_limit_and_headers_of_the_web_config_apply_to_every_response(port, 
         assert int(replies[2].headers["Retry-After"]) > 0
     finally:
         telemetry.shutdown()
+
+
+_WEB_KEYS = ["tls_server_config", "http_server_config", "basic_auth_users", "rate_limit",
+             "cert_file", "key_file", "client_auth_type", "client_ca_file", "client_ca",
+             "min_version", "max_version", "cipher_suites", "curve_preferences",
+             "prefer_server_cipher_suites", "client_allowed_sans", "headers", "http2",
+             "interval", "burst", "X-Frame-Options", "prometheus", "TLS13", "1s"]
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(),
+                     st.sampled_from(_WEB_KEYS), st.text(max_size=10))
+_values = st.recursive(_scalars, lambda children: st.one_of(
+    st.lists(children, max_size=3),
+    st.dictionaries(st.one_of(st.sampled_from(_WEB_KEYS), st.text(max_size=6)), children,
+                    max_size=4)), max_leaves=10)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_values)
+def test_random_web_configs_load_or_raise_an_error_naming_the_file(tmp_path, document):
+    path = write_web(tmp_path, yaml.safe_dump(document))
+    try:
+        load_web_config(path)
+    except ConfigError as exc:
+        assert str(exc).startswith(f"{path}: ") and "Fix:" in str(exc), str(exc)
