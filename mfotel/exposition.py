@@ -99,7 +99,7 @@ class CachedMetricsApp:
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Allow", "GET")])
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
             return [b""]
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
         gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")

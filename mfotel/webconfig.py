@@ -140,10 +140,6 @@ class WebConfig:
     headers: Mapping[str, str] = field(default_factory=dict)  # added to every response
     rate_limit: tuple[float, int] | None = None  # (seconds between requests, burst)
 
-    @property
-    def cert_file(self) -> str | None:
-        return self.tls.cert_file if self.tls else None
-
     def wrap(self, app: WsgiApp, auth_failures_per_second: float = 1.0) -> WsgiApp:
         """`app` behind the file's basic auth, rate limit and response headers."""
         if self.users:
