@@ -116,13 +116,15 @@ def auth_endpoint(port, tmp_path):
 
 def test_unknown_user_costs_as_much_as_a_wrong_password(auth_endpoint, port):
     auth_endpoint(cost=12, auth_failures_per_second=1000)  # ~0.3 s per bcrypt check
-    wrong = [timed(lambda i=i: request(port, **basic("prometheus", f"wrong-{i}")))
-             for i in range(3)]
-    unknown = [timed(lambda i=i: request(port, **basic(f"nobody-{i}", PASSWORD))) for i in range(3)]
+    wrong, unknown = [], []
+    for i in range(4):  # interleaved, so that the machine's load weighs on both alike
+        wrong.append(timed(lambda: request(port, **basic("prometheus", f"wrong-{i}"))))
+        unknown.append(timed(lambda: request(port, **basic(f"nobody-{i}", PASSWORD))))
     assert {r.status for _, r in wrong + unknown} == {401}
+    # an unknown user is checked against a dummy hash of the same cost: no enumeration by
+    # timing (before: ~1 ms against ~300 ms)
     known_cost = statistics.median(t for t, _ in wrong)
-    # an unknown user is checked against a dummy hash of the same cost: no enumeration by timing
-    assert min(t for t, _ in unknown) > 0.5 * known_cost, (wrong, unknown)
+    assert statistics.median(t for t, _ in unknown) > 0.3 * known_cost, (wrong, unknown)
 
 
 def test_failed_logins_get_429_per_address_then_for_everyone(auth_endpoint, port):
