@@ -54,7 +54,7 @@ class PrometheusConfig:
     certfile: str | None = None
     keyfile: str | None = None
     web_config_file: str | None = None  # Prometheus web-config format: TLS + basic auth
-    # limits of the endpoint against its network clients (mfotel.httpserver)
+    # limits of the endpoint against its network clients (mfotel.metrics_server)
     max_connections: int = 100             # open at once; at the cap the oldest idle one is closed
     request_timeout_seconds: float = 10.0  # TLS handshake + request head; and taking the response
     auth_failures_per_second: float = 1.0  # failed basic-auth logins per client address (2x for all)

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from .config import MonitorConfig
 from .exposition import CachedMetricsApp, CachingCollector, Router, WsgiApp
-from .httpserver import HttpServer, Limits
+from .metrics_server import MetricsServer, Limits
 from .identity import RankIdentity
 from .webconfig import WebConfig, certificate_files, load_web_config
 
@@ -77,7 +77,7 @@ def build_resource(job_name: str, identity: RankIdentity,
 class Endpoint:
     host: str
     port: int
-    server: HttpServer
+    server: MetricsServer
     scheme: str = "http"
 
     @property
@@ -172,7 +172,7 @@ class Telemetry:
         limits = Limits(max_connections=prom.max_connections,
                         request_timeout=prom.request_timeout_seconds)
         try:
-            server = HttpServer(app, prom.host, port, tls.context() if tls else None, limits,
+            server = MetricsServer(app, prom.host, port, tls.context() if tls else None, limits,
                                 tls.accepts_peer if tls and tls.client_allowed_sans else None,
                                 self.on_error).start()
         except OSError as exc:

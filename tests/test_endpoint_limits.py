@@ -136,7 +136,7 @@ def test_server_threads_stay_fixed_under_a_thousand_idle_connections(endpoint, p
     flood = idle_connections(port, 1000)
     try:
         assert request(port, source=SCRAPER, timeout=10).status == 200
-        assert proc_status(os.getpid(), "Threads") == before
+        assert proc_status(os.getpid(), "Threads") <= before  # on main: one more per connection
     finally:
         for sock in flood:
             sock.close()

@@ -16,7 +16,7 @@ requests go to a few daemon worker threads that call the WSGI app. The limits (`
   password-guessing client costs the training process an accept and a close per connection;
 - `workers` threads call the app; the listen backlog holds `backlog` pending connections.
 
-    server = HttpServer(app, "127.0.0.1", 9464, tls=context, limits=Limits(max_connections=64))
+    server = MetricsServer(app, "127.0.0.1", 9464, tls=context, limits=Limits(max_connections=64))
     server.start()      # serving in the background; server.port is the bound port
     server.close()
 """
@@ -31,6 +31,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote, urlsplit
@@ -91,9 +92,13 @@ class _Workers:
             except RuntimeError:  # the loop is closed: the server stopped
                 pass
 
-    def close(self) -> None:
+    def close(self, timeout: float) -> None:
+        """Stop the threads once their current call returns (waiting at most `timeout`)."""
         for _ in self._threads:
             self._jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -104,7 +109,7 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
             future.set_exception(error)
 
 
-class HttpServer:
+class MetricsServer:
     """Serve a WSGI `app` on host:port in a daemon thread (TLS when `tls` is given).
 
     `accept_peer` sees the verified client certificate (`SSLSocket.getpeercert()`) after the
@@ -133,7 +138,7 @@ class HttpServer:
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "HttpServer":
+    def start(self) -> "MetricsServer":
         self._workers = _Workers(self.limits.workers, "mfotel-metrics-worker")
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start_accepting(), self._loop).result(10)
@@ -154,7 +159,7 @@ class HttpServer:
         if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
         if self._workers is not None:
-            self._workers.close()
+            self._workers.close(timeout)
             self._workers = None
         self.socket.close()
 
