@@ -9,6 +9,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = [
     ("training-thread overhead per step", ["overhead.py", "--steps", "3000", "--repeats", "3"]),
     ("scrape cost and training while scraped", ["scrape.py"]),
+    ("training while /metrics is attacked", ["endpoint_attack.py"]),
     ("memory over 1M steps", ["memory.py"]),
     ("log parsing speed", ["parse_speed.py"]),
     ("NaN step -> page, shipped alerting files", ["paging_latency.py"]),

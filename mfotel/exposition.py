@@ -1,4 +1,4 @@
-"""Serving /metrics: a collector cache keyed on a version, and the HTTP(S) server.
+"""Serving /metrics: a collector cache keyed on a version, the rendering app, and the router.
 
 The OTel reader re-collects and re-translates every series on each scrape while holding the
 GIL. Values only change when the training thread records, so `CachingCollector` hands out the
@@ -10,17 +10,15 @@ data).
 from __future__ import annotations
 
 import gzip
-import ssl
 import threading
 import time
-from typing import Any, Callable, Hashable, Iterable, Sequence
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from .webconfig import BasicAuth, WebConfig
+WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
 
 
 class CachingCollector:
@@ -101,7 +99,7 @@ class CachedMetricsApp:
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Allow", "GET")])
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
             return [b""]
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
         gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
@@ -125,30 +123,24 @@ class CachedMetricsApp:
         return [body]
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        """No access log on the training process's stderr."""
+class Router:
+    """WSGI app dispatching on the path: only the documented paths answer, the rest is 404.
 
+    Keys are exact paths; a key ending in "/" (other than "/") also serves the paths below it.
+    """
 
-def serve(app: Callable, host: str, port: int,
-          web: WebConfig | None = None) -> tuple[ThreadingWSGIServer, threading.Thread]:
-    """Serve a WSGI `app` on host:port in a daemon thread, with TLS / basic auth from `web`."""
-    if web is not None and web.users:
-        app = BasicAuth(app, web.users)
+    def __init__(self, routes: Mapping[str, WsgiApp]) -> None:
+        self.routes = dict(routes)
+        self._prefixes = sorted((p for p in routes if p.endswith("/") and p != "/"), key=len,
+                                reverse=True)
 
-    class Server(ThreadingWSGIServer):
-        """Per-call subclass so IPv6 hosts can set the address family."""
-        request_queue_size = 128  # listen backlog: socketserver's 5 drops bursts of scrapers
-
-    if ":" in host:
-        import socket
-        Server.address_family = socket.AF_INET6
-    httpd = make_server(host, port, app, Server, handler_class=_QuietHandler)
-    if web is not None and web.cert_file:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(web.cert_file, web.key_file)
-        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
-    thread = threading.Thread(target=httpd.serve_forever, name="mfotel-metrics", daemon=True)
-    thread.start()
-    return httpd, thread
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "") or "/"
+        app = self.routes.get(path) or next(
+            (self.routes[p] for p in self._prefixes if path.startswith(p)), None)
+        if app is not None:
+            return app(environ, start_response)
+        body = b"Not Found: this endpoint serves " + ", ".join(sorted(self.routes)).encode() + b"\n"
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]

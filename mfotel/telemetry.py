@@ -18,9 +18,10 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.metrics_core import Metric
 
 from .config import MonitorConfig
-from .exposition import CachedMetricsApp, CachingCollector, serve
+from .exposition import CachedMetricsApp, CachingCollector, Router, WsgiApp
+from .metrics_server import MetricsServer, Limits
 from .identity import RankIdentity
-from .webconfig import WebConfig, load_web_config
+from .webconfig import WebConfig, certificate_files, load_web_config
 
 if TYPE_CHECKING:
     from .cluster.otlp import OtlpPush
@@ -112,13 +113,13 @@ def _each_second() -> int:
 class Endpoint:
     host: str
     port: int
-    server: Any
-    thread: Any
+    server: MetricsServer
     scheme: str = "http"
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        host = f"[{host}]" if ":" in host else host
         return f"{self.scheme}://{host}:{self.port}/metrics"
 
 
@@ -154,7 +155,7 @@ class Telemetry:
         if prom.web_config_file:
             return load_web_config(prom.web_config_file)
         if prom.certfile:
-            return WebConfig(cert_file=prom.certfile, key_file=prom.keyfile)
+            return certificate_files(prom.certfile, prom.keyfile or "", self.cfg.source)
         return None
 
     @property
@@ -203,8 +204,16 @@ class Telemetry:
         port, prom = self.port, self.cfg.prometheus
         if not port:
             return
+        app: WsgiApp = Router(self.routes())
+        tls = self.web.tls if self.web is not None else None
+        if self.web is not None:
+            app = self.web.wrap(app, prom.auth_failures_per_second)
+        limits = Limits(max_connections=prom.max_connections,
+                        request_timeout=prom.request_timeout_seconds)
         try:
-            server, thread = serve(self.app, prom.host, port, self.web)
+            server = MetricsServer(app, prom.host, port, tls.context() if tls else None, limits,
+                                tls.accepts_peer if tls and tls.client_allowed_sans else None,
+                                self.on_error).start()
         except OSError as exc:
             self.on_error("server")
             log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training continues "
@@ -213,8 +222,12 @@ class Telemetry:
                         self.identity.rank, prom.host, port, exc.strerror or exc,
                         self.identity.local_rank)
             return
-        scheme = "https" if self.web is not None and self.web.cert_file else "http"
-        self.endpoint = Endpoint(prom.host, server.server_port, server, thread, scheme)
+        self.endpoint = Endpoint(prom.host, server.port, server, server.scheme)
+
+    def routes(self) -> dict[str, WsgiApp]:
+        """The documented paths of the endpoint; every other path answers 404."""
+        assert self.app is not None
+        return {"/metrics": self.app}
 
     def wait_scraped(self, timeout: float) -> bool:
         """Block until a scrape has served the current values, or `timeout` seconds pass."""
@@ -229,8 +242,7 @@ class Telemetry:
 
     def stop_endpoint(self) -> None:
         if self.endpoint is not None:
-            self.endpoint.server.shutdown()
-            self.endpoint.server.server_close()
+            self.endpoint.server.close()
             self.endpoint = None
 
     def shutdown(self) -> None:

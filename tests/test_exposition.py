@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import gzip
+import socket
 import urllib.request
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 
 from conftest import samples, value
+from endpoint_support import request
 from mfotel.config import parse_config
+from mfotel.exposition import Router
 from mfotel.identity import RankIdentity
 from mfotel.instruments import Instruments
 from mfotel.telemetry import Telemetry
@@ -82,3 +85,55 @@ def test_native_recollection_is_budgeted(served):
     native.budget = None
     body = samples(get(telemetry.endpoint.url)[1].decode())
     assert value(body, "mindformers_train_weight_norm", param="w") == 9.0
+
+
+@pytest.mark.parametrize("path", ["/", "/metricsx", "/metrics/", "/favicon.ico", "/api/v1/query"])
+def test_only_documented_paths_serve_metrics(served, path):
+    telemetry, _ = served
+    reply = request(telemetry.endpoint.port, path=path)
+    assert reply.status == 404 and b"mindformers_train" not in reply.body
+    assert b"/metrics" in reply.body  # says where the metrics are
+    assert request(telemetry.endpoint.port, path="/metrics?debug=1").status == 200
+
+
+def test_head_has_the_headers_of_get_and_no_body(served):
+    telemetry, _ = served
+    get_reply = request(telemetry.endpoint.port)
+    head_reply = request(telemetry.endpoint.port, method="HEAD")
+    assert head_reply.status == 200 and head_reply.body == b""
+    assert head_reply.headers["Content-Length"] == str(len(get_reply.body))
+    assert request(telemetry.endpoint.port, method="POST").status == 405
+
+
+def test_router_prefix_entries_serve_the_paths_below_them():
+    def app(name):
+        def serve_name(environ, start_response):
+            start_response("200 OK", [])
+            return [name.encode()]
+        return serve_name
+    router = Router({"/metrics": app("metrics"), "/api/": app("api"), "/": app("page")})
+    answered = {}
+
+    def call(path):
+        body = b"".join(router({"PATH_INFO": path}, lambda status, headers: answered.update(s=status)))
+        return answered["s"][:3], body
+    assert call("/api/v1/status") == ("200", b"api")
+    assert call("/") == ("200", b"page")
+    assert call("/metrics") == ("200", b"metrics")
+    assert call("/other")[0] == "404"
+
+
+def test_ipv6_loopback_host_is_served(port):
+    if not socket.has_ipv6:
+        pytest.fail("this machine has no IPv6; the endpoint's IPv6 support cannot be checked")
+    cfg = parse_config({"metrics": ["loss"], "prometheus": {"host": "::1", "port": port}})
+    telemetry = Telemetry(cfg, RankIdentity(), "expo6")
+    inst = Instruments(telemetry.start(), {"job_name": "expo6", "rank": "0"}, cfg.metrics)
+    inst.state.loss = 3.0
+    telemetry.serve(lambda: inst.version)
+    try:
+        assert telemetry.endpoint.url == f"http://[::1]:{port}/metrics"
+        _, body = get(telemetry.endpoint.url)
+        assert value(samples(body.decode()), "mindformers_train_loss") == 3.0
+    finally:
+        telemetry.shutdown()

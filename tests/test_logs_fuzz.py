@@ -31,8 +31,9 @@ REAL_LINES = [line for path in (FIXTURES / "mindformers" / "info.log",
 MARKERS = ["[Monitor] ", "[Monitor] step: 1, loss: ", "{ Epoch:[  1/  2], step:[    3/   10], ",
            '{"step": 3, "loss": ', " samples/s/p", "samples/s/p", ", time: ", "loss:[", "{"]
 
-# A case may parse a megabyte line: seconds would mean quadratic work (minutes at 1 MB).
-FUZZ = settings(max_examples=150, deadline=timedelta(seconds=5), derandomize=False,
+# A case may parse a megabyte line. The deadline only detects hangs (quadratic work at 1 MB
+# takes minutes); linear time is measured by benchmarks/parse_speed.py, not here.
+FUZZ = settings(max_examples=150, deadline=timedelta(seconds=60), derandomize=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 values = st.floats(allow_nan=True, allow_infinity=True)
@@ -149,7 +150,7 @@ def test_generated_logs_through_the_cli_exit_0_or_1_never_raise(lines: list[str]
         assert logs_main([command, str(run), *extra, "-q"]) in (0, 1)
 
 
-@settings(max_examples=300, deadline=timedelta(seconds=5))
+@settings(max_examples=300, deadline=timedelta(seconds=60))
 @given(steps_=st.lists(st.integers(0, 10 ** 6), min_size=3, max_size=8, unique=True),
        losses=st.lists(st.floats(-1e6, 1e6), min_size=8, max_size=8),
        cut=st.data())

@@ -133,6 +133,12 @@ PROMETHEUS = Section(cls=PrometheusConfig, constraints=(TLS_PAIR,), doc="the /me
     "keyfile": Optional(inner=Text(example="server.key"), doc="TLS private key (with certfile)"),
     "web_config_file": Optional(inner=Text(example="web.yml"),
                                 doc="Prometheus web-config file: TLS and basic auth"),
+    "max_connections": Int(1, 10000, example=100,
+                           doc="open connections at most; the oldest idle one makes room"),
+    "request_timeout_seconds": Number(0.0, 3600.0, positive=True, unit="seconds", example=10,
+                                      doc="TLS handshake + request head, and the response"),
+    "auth_failures_per_second": Number(0.0, 1000.0, positive=True, example=1,
+                                       doc="failed basic-auth attempts per client, then 429"),
 })
 OTLP = Section(cls=OtlpConfig, doc="push to an OpenTelemetry Collector (OTLP/HTTP)", keys={
     "endpoint": Optional(inner=OTLP_ENDPOINT, doc=OTLP_ENDPOINT.doc),

@@ -51,6 +51,10 @@ class PrometheusConfig:
     certfile: str | None = None
     keyfile: str | None = None
     web_config_file: str | None = None  # Prometheus web-config format: TLS + basic auth
+    # limits of the endpoint (README, Security): no client can hold the trainer's threads/fds
+    max_connections: int = 100             # open connections; the oldest idle one makes room
+    request_timeout_seconds: float = 10.0  # TLS handshake + request head, and the response
+    auth_failures_per_second: float = 1.0  # failed basic-auth attempts per client (then 429)
 
 
 @dataclass(frozen=True)
