@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .config import ConfigError, RunConfig
+from .regular_file import read_regular_file
 
 MAX_PORT = 65535
 RANK_VARS = ("RANK_ID", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -188,11 +189,15 @@ class RunIdentity:
         return {"mfotel.run_id": self.run_id, "mfotel.attempt": str(self.attempt)}
 
 
+STATE_MAX_BYTES = 64 * 1024
+
+
 def _read_state(path: Path) -> dict[str, Any]:
+    """The run-state file's object; {} when missing or unusable (a FIFO there never blocks)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_file(str(path), STATE_MAX_BYTES).decode("utf-8"))
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 

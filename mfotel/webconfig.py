@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .config import ConfigError, read_yaml
+from .config import ConfigError, did_you_mean, read_yaml
 from .ratelimit import Buckets, TokenBucket, client_key
 
 KEY = "monitor_config.prometheus.web_config_file"
@@ -163,14 +163,14 @@ def load_web_config(path: str | Path) -> WebConfig:
     for name, value in data.items():
         if name not in _SECTIONS:
             raise fail(str(name), "unknown key", f"use one of {', '.join(_SECTIONS)}"
-                       f"{_did_you_mean(name, _SECTIONS)}")
+                       f"{did_you_mean(name, _SECTIONS)}")
         keys = _SECTIONS[name]
         if value is not None and not isinstance(value, Mapping):
             raise fail(name, f"{value!r} is not a mapping", "write it as key: value pairs")
         for key in (value or {}) if keys is not None else ():
             if key not in keys:
                 raise fail(f"{name}.{key}", "unknown key",
-                           f"use one of {', '.join(keys)}{_did_you_mean(key, keys)}")
+                           f"use one of {', '.join(keys)}{did_you_mean(key, keys)}")
     tls = _tls(data.get("tls_server_config") or {}, path.parent, fail)
     if tls is not None:
         _check_context(tls, fail)
@@ -207,19 +207,13 @@ class _Fail:
         return ConfigError(self.source, f"{KEY}: {key}" if key else KEY, problem, fix)
 
 
-def _did_you_mean(word: Any, choices: Iterable[str]) -> str:
-    import difflib
-    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _names(value: Any, key: str, table: Mapping[str, Any], fail: _Fail) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise fail(key, f"{value!r} is not a list of names", f"write a list, e.g. [{next(iter(table))}]")
     for name in value:
         if name not in table:
             raise fail(key, f"unknown name {name!r}",
-                       f"use names from: {', '.join(table)}{_did_you_mean(name, table)}")
+                       f"use names from: {', '.join(table)}{did_you_mean(name, table)}")
     return tuple(value)
 
 
@@ -257,7 +251,7 @@ def _client_auth(section: Mapping[str, Any], folder: Path, fail: _Fail) -> dict[
                    "VerifyClientCertIfGiven, or NoClientCert")
     if auth not in CLIENT_AUTH:
         raise fail(f"{key}.client_auth_type", f"unknown value {auth!r}",
-                   f"use one of {', '.join(CLIENT_AUTH)}{_did_you_mean(auth, CLIENT_AUTH)}")
+                   f"use one of {', '.join(CLIENT_AUTH)}{did_you_mean(auth, CLIENT_AUTH)}")
     values: dict[str, Any] = {"client_auth_type": auth}
     if section.get("client_ca_file"):
         values["client_ca_file"] = _file(folder, section["client_ca_file"])
@@ -370,7 +364,7 @@ def _headers(section: Any, fail: _Fail) -> dict[str, str]:
     for name, value in section.items():
         if name not in HEADERS:
             raise fail(f"http_server_config.headers.{name}", "this header cannot be configured",
-                       f"use one of {', '.join(HEADERS)}{_did_you_mean(name, HEADERS)}")
+                       f"use one of {', '.join(HEADERS)}{did_you_mean(name, HEADERS)}")
         if not isinstance(value, str) or (HEADERS[name] and value not in HEADERS[name]):
             allowed = f"one of {', '.join(HEADERS[name])}" if HEADERS[name] else "a string"
             raise fail(f"http_server_config.headers.{name}", f"{value!r} is not allowed",

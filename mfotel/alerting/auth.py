@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..actions.control import read_regular_file
+from ..regular_file import read_regular_file
 
 TOKEN_ENV = "MFOTEL_RECEIVER_BEARER_TOKEN"
 PASSWORD_ENV = "MFOTEL_RECEIVER_BASIC_AUTH_PASSWORD"

@@ -130,7 +130,14 @@ def advertised_host(cfg: MonitorConfig, identity: RankIdentity) -> str:
 
 
 def _scheme(cfg: MonitorConfig) -> str:
-    return "https" if cfg.prometheus.certfile else "http"
+    """https when the endpoint serves TLS: from certfile or from a web-config file."""
+    prom = cfg.prometheus
+    if prom.certfile:
+        return "https"
+    if prom.web_config_file:
+        from ..webconfig import load_web_config
+        return "https" if load_web_config(prom.web_config_file).tls is not None else "http"
+    return "http"
 
 
 class FileSdWriter:

@@ -31,9 +31,10 @@ def check_writable(cfg: MonitorConfig, rank: int, job_name: str) -> Path | None:
     except OSError as exc:
         raise ConfigError(cfg.source, key, f"cannot create directory {path.parent} ({exc.strerror})",
                           "choose a writable file_path or fix the directory's permissions") from None
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(cfg.source, key, f"{path} is not writable",
-                          "choose a writable file_path or fix the permissions")
+    problem = writable_problem(path)  # also a FIFO or directory at the path: never opened
+    if problem is not None:
+        raise ConfigError(cfg.source, key, problem,
+                          "choose a writable file_path (a regular file) or fix the permissions")
     return path
 
 
@@ -112,6 +113,28 @@ def port_plan(cfg: MonitorConfig, ranks_per_node: int, prefix: str
     return errors, warnings
 
 
+def endpoint_problems(cfg: MonitorConfig, prefix: str = SECTION) -> list[ConfigError]:
+    """The endpoint's TLS / auth files, loaded as the start loads them (a bad web-config file
+    would otherwise pass the check and stop the run at train begin)."""
+    prom = cfg.prometheus
+    if not prom.port:
+        return []
+    problems: list[ConfigError] = []
+    if prom.web_config_file:
+        from ..webconfig import load_web_config  # the endpoint's module (imports config)
+        try:
+            load_web_config(prom.web_config_file)
+        except ConfigError as exc:
+            problems.append(exc)
+    for key in ("certfile", "keyfile"):
+        path = getattr(prom, key)
+        if path and not os.access(path, os.R_OK):
+            problems.append(ConfigError(cfg.source, f"{prefix}.prometheus.{key}",
+                                        f"{path} cannot be read",
+                                        "point it at a readable PEM file"))
+    return problems
+
+
 def preflight(cfg: MonitorConfig, job_name: str, ranks_per_node: int, prefix: str = SECTION,
               world_size: int | None = None) -> tuple[list[ConfigError], list[str]]:
     """What would fail at start on this machine: unwritable outputs and the port plan."""
@@ -124,6 +147,7 @@ def preflight(cfg: MonitorConfig, job_name: str, ranks_per_node: int, prefix: st
             errors.append(ConfigError(cfg.source, f"{prefix}.{key}", f"{problem} (checked for "
                                       "rank 0 on this machine)",
                                       "choose a writable path or fix the directory's permissions"))
+    errors += endpoint_problems(cfg, prefix)
     hosts = cfg.file_sd.hosts
     if world_size and hosts and cfg.file_sd.mode == "job" and len(hosts) * ranks_per_node < world_size:
         errors.append(ConfigError(cfg.source, f"{prefix}.file_sd.hosts", f"{len(hosts)} hosts x "
