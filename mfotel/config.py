@@ -149,6 +149,8 @@ class MonitorConfig:
     early_step_interval: int = 1
     batch_size: int | None = None  # samples per step on this rank, when the run can't tell
     seq_length: int | None = None  # tokens per sample, enables mindformers_train_tokens_total
+    flops_per_token: float | None = None  # model FLOPs per training token (mindformers: estimated)
+    peak_flops: float | None = None  # peak FLOP/s of one device: enables the MFU gauge
     native_series_limit: int = 2000  # series per native metric (OTel's default cardinality cap)
     actions: ActionsConfig = field(default_factory=ActionsConfig)  # mfotel.actions.engine
     file_sd: FileSdConfig = field(default_factory=FileSdConfig)    # mfotel.cluster.discovery
@@ -223,6 +225,24 @@ def _positive_seconds(value: Any, source: str, key: str) -> float:
         raise ConfigError(source, key, f"{value!r} must be > 0",
                           f"use a positive number such as {key.split('.')[-1]}: 10")
     return seconds
+
+
+def _positive_number(example: str) -> Check:
+    """A finite number > 0; also as text (`3.13e14` without a dot or sign is a string in YAML)."""
+    def check(value: Any, source: str, key: str) -> float:
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                pass
+        if number is None or not math.isfinite(number) or number <= 0:
+            raise ConfigError(source, key, f"{value!r} is not a number > 0",
+                              f"use a positive number, e.g. {key.split('.')[-1]}: {example}")
+        return number
+    return check
 
 
 def _string(value: Any, source: str, key: str) -> str:
@@ -413,6 +433,8 @@ _TOP: dict[str, Check] = {
     "early_steps": _int(0, example=100), "early_step_interval": _int(1, example=1),
     "alertmanager_url": _optional(_string),
     "batch_size": _optional(_int(1, example=8)), "seq_length": _optional(_int(1, example=2048)),
+    "flops_per_token": _optional(_positive_number("4.6e10")),
+    "peak_flops": _optional(_positive_number("3.0e14")),
     "native_series_limit": _int(1, example=20000),
     "actions": _actions,
     "cardinality": _choice(*CARDINALITY_LEVELS), "metric_ranks": _optional(_ranks),

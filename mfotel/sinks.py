@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import IO, Mapping
 
 PREFIX = "[Monitor]"
+#: Units written after a value in the text line (`step_time: 0.512 s`); the JSON line holds bare
+#: numbers in the same units. README, Time figures, defines each field.
+UNITS: dict[str, str] = {"step_time": "s", "throughput": "samples/s"}
 
 
 def format_value(name: str, value: float) -> str:
@@ -18,9 +21,13 @@ def format_value(name: str, value: float) -> str:
 
 
 def format_line(step: int, values: Mapping[str, float | None]) -> str:
-    """The seed's line: `[Monitor] step: 50, loss: 2.345, learning_rate: 1.000000e-05`."""
+    """The seed's line, with units: `[Monitor] step: 50, loss: 2.345, learning_rate:
+    1.000000e-05, throughput: 65.4 samples/s, step_time: 0.122 s`."""
     parts = [f"step: {step}"]
-    parts += [f"{name}: {format_value(name, v)}" for name, v in values.items() if v is not None]
+    for name, value in values.items():
+        if value is not None:
+            unit = UNITS.get(name)
+            parts.append(f"{name}: {format_value(name, value)}{' ' + unit if unit else ''}")
     return f"{PREFIX} {', '.join(parts)}"
 
 

@@ -29,6 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
+from ..sinks import UNITS
+
 #: The per-step values a row may carry, in display order.
 METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput", "step_time")
 
@@ -142,6 +144,8 @@ _TEXT_KEYS = {"loss": "loss", "learning_rate": "learning_rate", "lr": "learning_
               "grad_norm": "grad_norm", "global_norm": "grad_norm", "throughput": "throughput",
               "step_time": "step_time", "loss_scale": "loss_scale"}
 MONITOR_MARK = "[Monitor]"
+#: The units the text line writes after a value (`step_time: 0.5 s`); older lines have none.
+_UNIT_SUFFIXES = {key: " " + unit for key, unit in UNITS.items()}
 
 
 def _parse_text(text: str, at: int) -> dict:
@@ -155,7 +159,7 @@ def _parse_text(text: str, at: int) -> dict:
             if not sep:
                 raise ValueError
             if target is not None:
-                values[target] = float(raw)
+                values[target] = float(raw.removesuffix(_UNIT_SUFFIXES.get(key, "\0")))
             elif key == "step":
                 values["step"] = int(raw)
             elif key == "epoch":
@@ -184,7 +188,7 @@ def _parse_text_strict(text: str, at: int) -> dict:
             values["epoch"] = int(raw.split("/", 1)[0])
         elif key in _TEXT_KEYS:
             try:
-                values[_TEXT_KEYS[key]] = float(raw)
+                values[_TEXT_KEYS[key]] = float(raw.removesuffix(_UNIT_SUFFIXES.get(key, "\0")))
             except ValueError:
                 raise ValueError(f"{key}: {raw!r} is not a number") from None
         # other keys: newer writers may add fields; they carry nothing a Row holds
