@@ -52,15 +52,18 @@ def _identity_after_init() -> RankIdentity:
 
 
 def eval_loss(results: Any) -> float | None:
-    """The `loss` metric of an evaluation result (any case), e.g. mindformers'
-    PerplexityMetric `{"loss": .., "PPL": ..}` or MindSpore's `nn.Loss` metric."""
+    """The `loss` of an evaluation result (`Model.eval`'s metrics), any case, at the top or one
+    level down: `{"loss": 2.1}` (MindSpore's `nn.Loss` metric named loss) or mindformers'
+    `{"PerplexityMetric": {"loss": 2.1, "PPL": 8.2}}`."""
     if not isinstance(results, dict):
         return None
-    for key in sorted((k for k in results if str(k).lower() == "loss"), key=str):
-        try:
-            return to_float(results[key])
-        except (TypeError, ValueError):
-            return None
+    nested = [v for _, v in sorted(results.items(), key=lambda kv: str(kv[0])) if isinstance(v, dict)]
+    for found in (results, *nested):
+        for key in sorted((k for k in found if str(k).lower() == "loss"), key=str):
+            try:
+                return to_float(found[key])
+            except (TypeError, ValueError):
+                return None
     return None
 
 
