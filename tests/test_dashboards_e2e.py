@@ -75,7 +75,10 @@ def _start_rank(rank: int, port: int, workdir: Path) -> subprocess.Popen:
               "linger_seconds": 120, "prometheus": {"linger_until_scraped": False},
               "min_step_seconds": STEP_SECONDS, "seq_length": 32,
               "nan_at_step": NAN_AT_STEP if rank == 1 else None,
-              "output": {"console": False}}
+              "output": {"console": False},
+              # checkpoint, evaluation and MFU panels (toy FLOPs and peak: any positive number)
+              "checkpoint_steps": 40, "checkpoint_dir": f"checkpoints/rank{rank}",
+              "evaluate": True, "flops_per_token": 1.0e6, "peak_flops": 1.0e12}
     env = {**os.environ, "RANK_ID": str(rank), "RANK_SIZE": "2", "GLOG_v": "3"}
     log = open(workdir / f"rank{rank}.log", "wb")
     try:
