@@ -228,20 +228,20 @@ def _positive_seconds(value: Any, source: str, key: str) -> float:
 
 
 def _positive_number(example: str) -> Check:
-    """A finite number > 0; also as text (`3.13e14` without a dot or sign is a string in YAML)."""
+    """A finite number > 0. YAML 1.1 reads `3.13e14` (no dot, no exponent sign) as text: the
+    fix says how to write it."""
     def check(value: Any, source: str, key: str) -> float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and value > 0:
+            return float(value)
+        leaf, hint = key.split(".")[-1], ""
+        if isinstance(value, str):
             try:
-                number = float(value.strip())
+                hint = f" (YAML read {value!r} as text: write {leaf}: {float(value)!r} unquoted)"
             except ValueError:
                 pass
-        if number is None or not math.isfinite(number) or number <= 0:
-            raise ConfigError(source, key, f"{value!r} is not a number > 0",
-                              f"use a positive number, e.g. {key.split('.')[-1]}: {example}")
-        return number
+        raise ConfigError(source, key, f"{value!r} is not a positive number",
+                          f"use a positive number, e.g. {leaf}: {example}{hint}")
     return check
 
 
@@ -433,8 +433,8 @@ _TOP: dict[str, Check] = {
     "early_steps": _int(0, example=100), "early_step_interval": _int(1, example=1),
     "alertmanager_url": _optional(_string),
     "batch_size": _optional(_int(1, example=8)), "seq_length": _optional(_int(1, example=2048)),
-    "flops_per_token": _optional(_positive_number("4.6e10")),
-    "peak_flops": _optional(_positive_number("3.0e14")),
+    "flops_per_token": _optional(_positive_number("4.6e+10")),
+    "peak_flops": _optional(_positive_number("3.0e+14")),
     "native_series_limit": _int(1, example=20000),
     "actions": _actions,
     "cardinality": _choice(*CARDINALITY_LEVELS), "metric_ranks": _optional(_ranks),

@@ -25,8 +25,8 @@ STEP_LINE = re.compile(r"step:\[\s*(?P<step>\d+)/\s*\d+\], loss:\[[^]]*\], per_s
 SAVE_LINE = re.compile(r"Finish saving ckpt of epoch \d+ step (?P<step>\d+) using (?P<s>[\d.]+) seconds")
 EVAL_LINE = re.compile(r"Eval result: (?P<result>\{.*\}), eval time is (?P<s>[\d.]+) s\.")
 FLOPS_LINE = re.compile(r"Full model flops is (?P<flops>\d+),")
-MONITOR_LINE = re.compile(r"\[Monitor\] step: (?P<step>\d+), .*throughput: (?P<throughput>\S+) "
-                          r"samples/s, step_time: (?P<step_time>\S+) s$")
+MONITOR_LINE = re.compile(r"\[Monitor\] step: (?P<step>\d+), .*throughput: (?P<throughput>[^\s,]+) "
+                          r"samples/s, step_time: (?P<step_time>[^\s,]+) s(?:,|$)")
 
 
 def numbers_config(port: int) -> dict:

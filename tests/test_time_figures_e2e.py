@@ -21,8 +21,8 @@ from mfotel.demo.training import SyntheticRegression, build_model, checkpoint_ca
 
 pytestmark = pytest.mark.slow
 BATCH = 8
-LINE = re.compile(r"\[Monitor\] step: (?P<step>\d+), .*throughput: (?P<throughput>\S+) samples/s, "
-                  r"step_time: (?P<step_time>\S+) s$")
+LINE = re.compile(r"\[Monitor\] step: (?P<step>\d+), .*throughput: (?P<throughput>[^\s,]+) "
+                  r"samples/s, step_time: (?P<step_time>[^\s,]+) s(?:,|$)")
 
 
 class Clock:
