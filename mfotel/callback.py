@@ -15,13 +15,15 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mindspore.train import Callback
+from mindspore.train import Callback, ModelCheckpoint
 
 from . import contract
+from .checkpoints import CheckpointWatch
 from .config import (DEFAULT_JOB_NAME, ConfigError, MonitorConfig, check_writable, load_config,
                      override, parse_config, resolve_otel_env)
 from .config.otel_env import disabled_notice
 from .extract import StepOutputs, cb_param, is_finite, parse_net_outputs, to_float
+from .flops import mfu
 from .identity import RankIdentity, RunIdentity, finish_run, identity_from_env, rank_port, start_run
 from .instruments import Instruments
 from .sinks import ConsoleSink, FileSink, format_json, format_line
@@ -47,6 +49,22 @@ def _identity_after_init() -> RankIdentity:
                                            get_local_rank_size())
     except Exception:  # noqa: BLE001 - not initialised: a single process
         return identity
+
+
+def eval_loss(results: Any) -> float | None:
+    """The `loss` of an evaluation result (`Model.eval`'s metrics), any case, at the top or one
+    level down: `{"loss": 2.1}` (MindSpore's `nn.Loss` metric named loss) or mindformers'
+    `{"PerplexityMetric": {"loss": 2.1, "PPL": 8.2}}`."""
+    if not isinstance(results, dict):
+        return None
+    nested = [v for _, v in sorted(results.items(), key=lambda kv: str(kv[0])) if isinstance(v, dict)]
+    for found in (results, *nested):
+        for key in sorted((k for k in found if str(k).lower() == "loss"), key=str):
+            try:
+                return to_float(found[key])
+            except (TypeError, ValueError):
+                return None
+    return None
 
 
 class LearningRateReader:
@@ -106,10 +124,23 @@ class OTelMonitor(Callback):
         self._batch_size: int | None = self.config.batch_size
         self._total_steps: int | None = None
         self._last_step = 0
+        # Time figures (README, Time figures): perf_counter() marks of the current step's
+        # begin and end (an integration may move them onto another callback's hooks), of the
+        # previous step end, and of the last record
         self._step_begin: float | None = None
+        self._step_end_mark: float | None = None
         self._last_end: float | None = None
         self._record_time: float | None = None
         self._record_samples = 0
+        self._record_steps = 0
+        #: Samples one device trains per step, for tokens/s per device (default: batch_size,
+        #: each rank training its own batch); integrations that know the parallel layout set it.
+        self.device_samples_per_step: float | None = None
+        #: Model FLOPs per token for MFU: the config's, or an integration's estimate.
+        self.flops_per_token: float | None = self.config.flops_per_token
+        self.checkpoints: list[CheckpointWatch] = []
+        self._eval_begin: float | None = None
+        self._eval_losses: list[float] = []
         self._stopped = False
         self._closed = False
         self.actions: ActionEngine | None = None  # mfotel.actions.engine
@@ -176,6 +207,8 @@ class OTelMonitor(Callback):
             # control-file problems (also those met at start) -> mfotel_export_errors_total
             self.instruments.state.export_errors[self.actions.ERROR_STAGE] = self.actions.errors
             self.actions.on_error = self._on_telemetry_error
+        self.instruments.state.start_timestamp = time.time()
+        self._watch_checkpoints(cb)
         self.telemetry.serve(lambda: self.instruments.version,
                              lambda: self.instruments.native_version)
         self._start_multirank(cb, port)
@@ -277,6 +310,34 @@ class OTelMonitor(Callback):
         if "throughput" in cfg.metrics and not self._batch_size:
             self._warn_once("batch", "mfotel: throughput needs the batch size, which this run "
                             "does not report. Fix: set monitor_config.batch_size")
+        if self.device_samples_per_step is None:
+            self.device_samples_per_step = self._batch_size
+        self._check_mfu()
+
+    def _check_mfu(self) -> None:
+        """Say at start why MFU cannot be computed, when peak_flops asks for it."""
+        cfg = self.config
+        if not cfg.peak_flops:
+            return
+        missing = [what for what, ok in (
+            ("throughput in monitor_config.metrics", "throughput" in cfg.metrics),
+            ("the sequence length (monitor_config.seq_length)", cfg.seq_length),
+            ("the batch size (monitor_config.batch_size)", self.device_samples_per_step),
+            ("the model's FLOPs per token (monitor_config.flops_per_token)",
+             self.flops_per_token)) if not ok]
+        if missing:
+            self._warn_once("mfu", f"mfotel: peak_flops is set but MFU needs {', '.join(missing)}"
+                            f"; mindformers_train_model_flops_utilization_ratio stays absent")
+        else:
+            log.info("mfotel: MFU from %.4g FLOPs per token and a peak of %.4g FLOP/s per device",
+                     self.flops_per_token, cfg.peak_flops)
+
+    def _watch_checkpoints(self, cb: Any) -> None:
+        """Time the saves of the run's checkpoint callback (ModelCheckpoint and subclasses)."""
+        for callback in cb_param(cb, "list_callback", None) or ():
+            if isinstance(callback, ModelCheckpoint) and not self.checkpoints:
+                self.checkpoints.append(CheckpointWatch(callback, self.instruments.state,
+                                                        self.instruments.touch))
 
     def on_train_step_begin(self, run_context: Any) -> None:
         self._step_begin = time.perf_counter()
@@ -292,6 +353,50 @@ class OTelMonitor(Callback):
     def on_train_end(self, run_context: Any) -> None:
         self.close()
 
+    # Evaluation inside training (`Model.fit(..., valid_dataset=...)`). MindSpore 2.9's own
+    # `eval_results["eval_loss"]` is the last batch's loss (its loss metric is created anew for
+    # every batch), so the loss is a `loss` metric when the Model has one, else the mean of the
+    # eval network's scalar first output over the batches.
+    def on_eval_begin(self, run_context: Any) -> None:
+        self._eval_begin, self._eval_losses = time.perf_counter(), []
+
+    def on_eval_step_end(self, run_context: Any) -> None:
+        if self.instruments is None:
+            return
+        try:
+            outputs = cb_param(run_context.original_args(), "net_outputs", None)
+            first = outputs[0] if isinstance(outputs, (tuple, list)) and outputs else outputs
+            value = to_float(first) if getattr(first, "size", 1) == 1 else None
+        except Exception:  # noqa: BLE001 - an output that is no loss: nothing to average
+            value = None
+        if value is not None:
+            self._eval_losses.append(value)
+
+    def on_eval_end(self, run_context: Any) -> None:
+        if self.instruments is None:
+            return
+        try:
+            loss = eval_loss(cb_param(run_context.original_args(), "metrics", None))
+            if loss is None and self._eval_losses:
+                loss = sum(self._eval_losses) / len(self._eval_losses)
+            begin = self._eval_begin
+            self.record_eval(loss, time.perf_counter() - begin if begin is not None else None)
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            self._count_error("callback", exc)
+        finally:
+            self._eval_begin, self._eval_losses = None, []
+
+    def record_eval(self, loss: float | None, seconds: float | None) -> None:
+        """An evaluation that ran after the last completed training step."""
+        st = self.instruments.state
+        if loss is not None:
+            st.eval_loss, st.eval_step = loss, self._last_step
+        if seconds is not None:
+            st.eval_duration = seconds
+        self.instruments.touch()
+        log.info("mfotel: evaluation after step %d: loss %s, %.3f s", self._last_step,
+                 "unknown" if loss is None else f"{loss:.6g}", seconds or 0.0)
+
     # ------------------------------------------------------------------ step logic
     def _step_end(self, run_context: Any) -> None:
         wall, now = time.time(), time.perf_counter()
@@ -299,7 +404,9 @@ class OTelMonitor(Callback):
         step = self._global_step(cb)
         advanced = max(step - self._last_step, 1)
         begin = self._step_begin if self._step_begin is not None else self._last_end
-        step_seconds = (now - begin) / advanced if begin is not None else None
+        mark = self._step_end_mark  # an integration's end mark, if it belongs to this step
+        end = mark if mark is not None and begin is not None and begin <= mark <= now else now
+        step_seconds = (end - begin) / advanced if begin is not None else None
         if self._record_time is None:
             self._record_time = begin if begin is not None else now
         try:
@@ -322,9 +429,10 @@ class OTelMonitor(Callback):
             if self.config.seq_length:
                 st.tokens = (st.tokens or 0) + samples * self.config.seq_length
             self._record_samples += samples
+        self._record_steps += advanced
         recorded = self._crossed_record_step(step)
         if recorded:
-            self._record(step, st.epoch, cb, out, step_seconds, now)
+            self._record(step, st.epoch, cb, out, now)
         if not is_finite(out.loss) and self.config.on_nonfinite == "stop" and not self._stopped:
             self._stopped = True
             run_context.request_stop()
@@ -332,6 +440,7 @@ class OTelMonitor(Callback):
         if self.actions is not None:
             self._apply_actions(run_context, cb, step, out.loss, recorded)
         self._last_step, self._last_end, self._step_begin = step, now, None
+        self._step_end_mark = None
         self.instruments.touch()
 
     def _parse_outputs(self, cb: Any) -> StepOutputs:
@@ -379,9 +488,11 @@ class OTelMonitor(Callback):
         if out.loss_scale is not None and math.isfinite(out.loss_scale):
             st.loss_scale = out.loss_scale
 
-    def _record(self, step: int, epoch: int, cb: Any, out: StepOutputs,
-                step_seconds: float | None, now: float) -> None:
+    def _record(self, step: int, epoch: int, cb: Any, out: StepOutputs, now: float) -> None:
+        """Seed metrics of a record step; throughput and step_time are means over the steps
+        since the previous record (wall time between the two step ends)."""
         st, values = self.instruments.state, {}
+        elapsed = now - (self._record_time or now)
         for metric in self.config.metrics:
             if metric == "loss":
                 value = out.loss
@@ -392,15 +503,25 @@ class OTelMonitor(Callback):
             elif metric == "grad_norm":
                 value = out.grad_norm
             elif metric == "throughput":
-                elapsed = now - (self._record_time or now)
                 value = self._record_samples / elapsed if self._batch_size and elapsed > 0 else None
+                self._record_device_throughput(elapsed)
             else:
-                value = step_seconds
+                value = elapsed / self._record_steps if elapsed > 0 and self._record_steps else None
             values[metric] = value
             if value is not None and math.isfinite(value) and metric != "step_time":
                 setattr(st, metric, value)
-        self._record_time, self._record_samples = now, 0
+        self._record_time, self._record_samples, self._record_steps = now, 0, 0
         self._write_lines(step, epoch, values)
+
+    def _record_device_throughput(self, elapsed: float) -> None:
+        """Tokens/s per device and MFU over the record interval (README, Time figures)."""
+        per_step, seq = self.device_samples_per_step, self.config.seq_length
+        if not (per_step and seq and elapsed > 0 and self._record_steps):
+            return
+        st = self.instruments.state
+        st.device_tokens = per_step * seq * self._record_steps / elapsed
+        if self.flops_per_token and self.config.peak_flops:
+            st.mfu = mfu(st.device_tokens, self.flops_per_token, self.config.peak_flops)
 
     def _write_lines(self, step: int, epoch: int, values: dict[str, float | None]) -> None:
         if not self.sinks:
@@ -432,6 +553,8 @@ class OTelMonitor(Callback):
                 self.final_scraped = self.telemetry.wait_scraped(prom.linger_seconds)
             else:
                 time.sleep(prom.linger_seconds)
+        for watch in self.checkpoints:  # the final save (end) happened before, or never will
+            watch.detach()
         for sink, _ in self.sinks:
             if isinstance(sink, FileSink):
                 sink.close()

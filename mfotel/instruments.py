@@ -22,7 +22,8 @@ ERROR_STAGES = ("callback", "extract", "sink", "server", "otlp", "alertmanager")
 PENDING_LIMIT = 4096
 #: Cardinality `health`: these are exposed only by the metric ranks (one per data-parallel
 #: group); every rank keeps its health signals and an +Inf-only step-time histogram.
-RANK_VALUE_KEYS = frozenset({"loss", "learning_rate", "grad_norm", "throughput"})
+RANK_VALUE_KEYS = frozenset({"loss", "learning_rate", "grad_norm", "throughput",
+                             "device_tokens", "mfu"})
 
 
 @dataclass
@@ -33,6 +34,8 @@ class TrainState:
     learning_rate: float | None = None
     grad_norm: float | None = None
     throughput: float | None = None
+    device_tokens: float | None = None      # tokens/s per device over the record interval
+    mfu: float | None = None                # model FLOPs utilisation, 0..1
     samples: int | None = None
     tokens: int | None = None
     step: int | None = None
@@ -45,6 +48,16 @@ class TrainState:
     progress: float | None = None
     status: int = STATUS_INITIALISING
     first_nonfinite_step: int | None = None
+    start_timestamp: float | None = None
+    # checkpoints (mfotel.checkpoints) and evaluation; absent when the run has none
+    last_checkpoint_timestamp: float | None = None
+    checkpoint_duration: float | None = None
+    checkpoints: int | None = None
+    checkpoint_interval_steps: int | None = None
+    checkpoint_interval_seconds: float | None = None
+    eval_loss: float | None = None
+    eval_step: int | None = None
+    eval_duration: float | None = None
     nonfinite: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NONFINITE_METRICS, 0))
     export_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
     actions: dict[tuple[str, str], int] = field(default_factory=dict)  # (action, source)

@@ -34,7 +34,7 @@ def _scientific(value: float) -> str:
 @dataclass(frozen=True)
 class LineField:
     """How one metric appears in the text line: its key, how its value is written, and the
-    unit written right after it (`"s"` -> `step_time: 0.12s`; the parser strips it)."""
+    unit written right after it (`" s"` -> `step_time: 0.12 s`; the parser strips it)."""
     key: str
     format: Callable[[float], str] = _general
     unit: str = ""
@@ -47,8 +47,9 @@ LINE_FIELDS: dict[str, LineField] = {
     "loss": LineField("loss"),
     "learning_rate": LineField("learning_rate", _scientific),
     "grad_norm": LineField("grad_norm"),
-    "throughput": LineField("throughput"),
-    "step_time": LineField("step_time"),
+    # units as README "Time figures" defines them; the JSON line holds bare numbers
+    "throughput": LineField("throughput", unit=" samples/s"),
+    "step_time": LineField("step_time", unit=" s"),
 }
 
 

@@ -30,6 +30,8 @@ GOLDEN = {
     "mindformers_train_samples": ("counter", JR),
     "mindformers_train_tokens": ("counter", JR),
     "mindformers_train_step_duration_seconds": ("histogram", JR),
+    "mindformers_train_device_throughput_tokens_per_second": ("gauge", JR),
+    "mindformers_train_model_flops_utilization_ratio": ("gauge", JR),
     "mindformers_train_step": ("gauge", JR),
     "mindformers_train_steps": ("counter", JR),
     "mindformers_train_last_step_timestamp_seconds": ("gauge", JR),
@@ -41,6 +43,15 @@ GOLDEN = {
     "mindformers_train_progress_ratio": ("gauge", JR),
     "mindformers_train_status": ("gauge", JR),
     "mindformers_train_first_nonfinite_step": ("gauge", JR),
+    "mindformers_train_start_timestamp_seconds": ("gauge", JR),
+    "mindformers_train_last_checkpoint_timestamp_seconds": ("gauge", JR),
+    "mindformers_train_checkpoint_duration_seconds": ("gauge", JR),
+    "mindformers_train_checkpoints": ("counter", JR),
+    "mindformers_train_checkpoint_interval_steps": ("gauge", JR),
+    "mindformers_train_checkpoint_interval_seconds": ("gauge", JR),
+    "mindformers_train_eval_loss": ("gauge", JR),
+    "mindformers_train_eval_step": ("gauge", JR),
+    "mindformers_train_eval_duration_seconds": ("gauge", JR),
     "mindformers_train_rank_info": ("gauge", ("device_id", "host", "job_name", "local_rank",
                                               "node", "rank", "world_size")),
     "mindformers_train_actions": ("counter", ("action", "job_name", "rank", "source")),
@@ -62,8 +73,12 @@ def _record_everything(telemetry: Telemetry, identity: RankIdentity) -> None:
     inst = Instruments(telemetry.start(), {"job_name": "golden", "rank": "3"},
                        telemetry.cfg.metrics, identity.labels())
     st = inst.state
-    for key in ("loss", "learning_rate", "grad_norm", "throughput", "loss_scale", "progress"):
+    for key in ("loss", "learning_rate", "grad_norm", "throughput", "loss_scale", "progress",
+                "device_tokens", "mfu", "start_timestamp", "last_checkpoint_timestamp",
+                "checkpoint_duration", "checkpoint_interval_seconds", "eval_loss",
+                "eval_duration"):
         setattr(st, key, 0.5)
+    st.checkpoints, st.checkpoint_interval_steps, st.eval_step = 1, 100, 1
     st.samples, st.tokens, st.step, st.steps, st.overflow, st.epoch = 8, 128, 1, 1, 0, 1
     st.last_step_timestamp, st.loss_finite, st.status, st.first_nonfinite_step = 1.0, 1, 1, 1
     st.actions[("stop", "control")] = 1
@@ -159,7 +174,7 @@ def test_no_contract_unit_makes_a_translation_add_a_suffix_the_contract_lacks():
     for spec in CONTRACT:
         assert prometheus_name(spec.otel_name, spec.unit, spec.kind) == _exposed(spec), spec.key
     ratios = [spec.key for spec in CONTRACT if spec.unit == "1"]
-    assert ratios == ["progress"]  # `1` only for a true 0..1 ratio
+    assert ratios == ["mfu", "progress"]  # `1` only for a true 0..1 ratio
 
 
 @pytest.mark.parametrize("name, unit, kind, suffixes, expected", [

@@ -81,7 +81,10 @@ def _start_rank(rank: int, port: int, workdir: Path) -> subprocess.Popen:
               "linger_seconds": 120, "prometheus": {"linger_until_scraped": False},
               "min_step_seconds": STEP_SECONDS, "seq_length": 32,
               "nan_at_step": NAN_AT_STEP if rank == 1 else None,
-              "run": {"id": RUN_ID}, "output": {"console": False}}
+              "run": {"id": RUN_ID}, "output": {"console": False},
+              # checkpoint, evaluation and MFU panels (toy FLOPs and peak: any positive number)
+              "checkpoint_steps": 40, "checkpoint_dir": f"checkpoints/rank{rank}",
+              "evaluate": True, "flops_per_token": 1.0e6, "peak_flops": 1.0e12}
     env = {**os.environ, "RANK_ID": str(rank), "RANK_SIZE": "2", "GLOG_v": "3"}
     log = open(workdir / f"rank{rank}.log", "wb")
     try:
@@ -129,7 +132,9 @@ def fed_prometheus(tmp_path_factory):
             def trained() -> bool:
                 done = prom.query(f'mindformers_train_status{{job_name="{JOB}"}} >= 2')
                 return len(done) == 2
-            _wait(trained, "both ranks finished training", 90, ranks, workdir)
+            # ~20 s on a quiet machine (compilation, 160 steps, an evaluation); bounded generously
+            # for a loaded one
+            _wait(trained, "both ranks finished training", 240, ranks, workdir)
             finished = time.time()
 
             def rules_caught_up() -> bool:

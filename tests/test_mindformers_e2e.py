@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
@@ -35,7 +36,7 @@ NATIVE_LINE = re.compile(r"_to_log: Epoch:\[\s*\d+/\s*\d+\], step:\[\s*(?P<step>
 pytestmark = pytest.mark.slow
 
 
-def issue_yaml(tmp_path: Path, port: int) -> Path:
+def issue_config(port: int) -> dict:
     """The example YAML with the issue's OTelMonitor entry, plus a loopback port and a linger."""
     config = yaml.safe_load((EXAMPLE / "tiny_llama_cpu.yaml").read_text())
     config["callbacks"] = [
@@ -48,20 +49,30 @@ def issue_yaml(tmp_path: Path, port: int) -> Path:
          "prometheus": {"host": "127.0.0.1", "port": port, "linger_seconds": 60}},
     ]
     config["train_dataset"]["data_loader"]["num_samples"] = STEPS * config["train_dataset"]["batch_size"]
-    path = tmp_path / "tiny_llama_issue.yaml"
+    return config
+
+
+def issue_yaml(tmp_path: Path, port: int) -> Path:
+    return write_yaml(tmp_path / "tiny_llama_issue.yaml", issue_config(port))
+
+
+def write_yaml(path: Path, config: dict) -> Path:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Train once; scrape /metrics every 50 ms until the run reports completed."""
+class Trained(NamedTuple):
+    snapshots: list[dict]   # every scrape while it ran, the last one with status completed
+    info_log: str           # output/log/rank_0/info.log (MFLossMonitor's lines)
+    console: str
+    seconds: float
+
+
+def train(tmp_path: Path, config: Path, port: int, every: float = 0.05) -> Trained:
+    """Run the example with `config` in `tmp_path` through `mfotel-instrument`; scrape /metrics
+    every `every` seconds until the run reports completed, then stop it (it lingers)."""
     # not imported here (it writes ./output); a test dependency: fail, never skip
     assert importlib.util.find_spec("mindformers"), 'pip install -e ".[mindformers]"'
-    from mfotel.demo.stack import free_port
-    tmp_path = tmp_path_factory.mktemp("mindformers-e2e")
-    port = free_port()
-    config = issue_yaml(tmp_path, port)
     env = {k: v for k, v in os.environ.items() if k not in ("LOG_MF_PATH", "LOCAL_DEFAULT_PATH")}
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
@@ -87,7 +98,7 @@ def run(tmp_path_factory):
                 snapshots.append(body)
                 if value(body, "mindformers_train_status") == 2:
                     break
-                time.sleep(0.05)
+                time.sleep(every)
         finally:
             seconds = time.monotonic() - started
             process.terminate()  # it lingers 60 s for scrapers; we have what we need
@@ -95,9 +106,19 @@ def run(tmp_path_factory):
     console_text = (tmp_path / "console.log").read_text(errors="replace")
     info_log = tmp_path / "output" / "log" / "rank_0" / "info.log"
     assert snapshots and info_log.exists(), console_text[-5000:]
-    print(f"\nmindformers e2e: {STEPS} steps, {seconds:.1f} s to completed, "
-          f"{len(snapshots)} scrapes")
-    return tmp_path, snapshots, info_log.read_text(errors="replace"), console_text
+    return Trained(snapshots, info_log.read_text(errors="replace"), console_text, seconds)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Train once; scrape /metrics every 50 ms until the run reports completed."""
+    from mfotel.demo.stack import free_port
+    tmp_path = tmp_path_factory.mktemp("mindformers-e2e")
+    port = free_port()
+    trained = train(tmp_path, issue_yaml(tmp_path, port), port)
+    print(f"\nmindformers e2e: {STEPS} steps, {trained.seconds:.1f} s to completed, "
+          f"{len(trained.snapshots)} scrapes")
+    return tmp_path, trained.snapshots, trained.info_log, trained.console
 
 
 def logged(info_log: str) -> tuple[dict[int, dict], dict[int, dict[str, float]]]:

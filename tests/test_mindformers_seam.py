@@ -281,3 +281,45 @@ def test_resume_reads_mfloss_monitor_initial_step(mf):
     assert MFLossMonitor(initial_step=7, origin_epochs=1, dataset_size=10,
                          global_batch_size=2).initial_step == 7
     assert "initial_step" in inspect.getsource(MFLossMonitor.on_train_step_end)
+
+
+# ---------------------------------------------------------------- time figures (README)
+def test_mfloss_monitor_times_a_step_between_its_step_hooks(mf):
+    """The step histogram of a mindformers run measures this interval (taps on these hooks)."""
+    begin = inspect.getsource(mf.cb.MFLossMonitor.on_train_step_begin)
+    end = inspect.getsource(mf.cb.MFLossMonitor.on_train_step_end)
+    assert "self.step_time = time.time()" in begin
+    assert "step_seconds = (time.time() - self.step_time) * 1000" in end
+    # the printed figure is that one step's (the print step's), not a mean over the interval
+    assert "per_step_seconds = step_seconds\n" in end
+
+
+def test_eval_callback_calls_its_eval_func_attribute(mf):
+    assert "self.eval_func()" in inspect.getsource(mf.cb.EvalCallBack._execute_eval)
+    callback = mf.cb.EvalCallBack(lambda: {"PerplexityMetric": {"loss": 1.0}}, step_interval=2)
+    assert callable(callback.eval_func)
+
+
+def test_checkpoint_monitor_is_a_model_checkpoint_that_records_its_last_save(mf):
+    from mindspore.train import ModelCheckpoint
+    assert issubclass(mf.cb.CheckpointMonitor, ModelCheckpoint)
+    for method in (mf.cb.CheckpointMonitor.save_checkpoint,
+                   mf.cb.CheckpointMonitor._save_megatron_ckpt_file_format,
+                   ModelCheckpoint._save_ckpt):
+        assert "self._last_triggered_step = cb_params.cur_step_num" in inspect.getsource(method)
+
+
+def test_llama_config_gives_the_flops_shape(mf, tmp_path):
+    """The FLOPs estimate counts exactly the network's matrix-multiply weights."""
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(batch_size=2, seq_length=64, hidden_size=64, num_layers=2, num_heads=4,
+                         n_kv_heads=2, vocab_size=256, multiple_of=32, use_rope_slice=True,
+                         compute_dtype="float32", param_init_type="float32")
+    shape = mf.bridge.transformer_shape(config)
+    assert shape == mf.bridge.TransformerShape(64, 2, 4, 2, 192, 256, 64)
+    network = LlamaForCausalLM(config)
+    weights = {p.name: p.shape for p in network.trainable_params() if len(p.shape) == 2}
+    lookup = {name: size for name, size in weights.items() if "embedding" in name}
+    assert list(lookup.values()) == [(256, 64)]          # the input embedding: no multiply
+    assert sum(rows * cols for name, (rows, cols) in weights.items() if name not in lookup) == \
+        shape.matmul_params

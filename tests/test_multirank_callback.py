@@ -141,7 +141,8 @@ def test_cardinality_levels_series_per_rank_match_the_docs(port, in_tmp, monkeyp
     process = {name + ("_total" if kind == "counter" else "") for name, kind in PROCESS_SERIES.items()}
     assert set(full) - set(other_rank) == {
         "mindformers_train_loss", "mindformers_train_learning_rate", "mindformers_train_grad_norm",
-        "mindformers_train_throughput_samples_per_second", *process}  # health: no process_*
+        "mindformers_train_throughput_samples_per_second",
+        "mindformers_train_device_throughput_tokens_per_second", *process}  # health: no process_*
     assert _documented_counts() == {"full every rank": sum(full.values()),
                                     "health metric ranks": sum(metric_rank.values()),
                                     "health other ranks": sum(other_rank.values())}

@@ -82,6 +82,13 @@ class RulesConfig:
     # job's leading rank / the job's step rate) behind
     step_drift_seconds: int = 120
     step_drift_for: str = "5m"
+    # checkpoint too old: a running rank's last checkpoint (before its first: its start) is
+    # older than max(checkpoint_max_age_seconds, factor x its configured interval), a step
+    # interval turned into seconds by the step rate over the window
+    checkpoint_max_age_seconds: int = 7200
+    checkpoint_interval_factor: float = 3.0
+    checkpoint_rate_window: str = "15m"
+    checkpoint_for: str = "5m"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -93,7 +100,8 @@ class RulesConfig:
                 raise ValueError(f"RulesConfig.{f.name}={value!r} must be > 1")
             if f.name.endswith("_ratio") and not 0 < value < 1:
                 raise ValueError(f"RulesConfig.{f.name}={value!r} must be in (0, 1)")
-        for name in ("stall_seconds", "step_drift_seconds", "loss_divergence_tolerance"):
+        for name in ("stall_seconds", "step_drift_seconds", "loss_divergence_tolerance",
+                     "checkpoint_max_age_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"RulesConfig.{name}={getattr(self, name)!r} must be > 0")
         if self.selector.strip().startswith("{") or self.selector.strip().endswith(","):
@@ -365,9 +373,34 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                + f" steps) behind the job's leading rank (threshold {cfg.step_drift_seconds}s): "
                "ranks that should step together have drifted apart."),
     ]
+    health.append(_checkpoint_too_old(cfg))
     return [{"name": "mindformers-health.alerts", "rules": health},
             {"name": "mindformers-dynamics.alerts", "rules": dynamics},
             {"name": "mindformers-performance.alerts", "rules": performance}]
+
+
+def _checkpoint_too_old(cfg: RulesConfig) -> dict[str, Any]:
+    """Only ranks whose checkpoint callback reported its interval; a stalled rank (no step
+    rate) is MindFormersTrainingStalled's, a finished one nobody's."""
+    m = cfg.m
+    age = (f"time() - (\n    {m('mindformers_train_last_checkpoint_timestamp_seconds')}\n"
+           f"    or on (job_name, rank)\n    {m('mindformers_train_start_timestamp_seconds')}\n  )")
+    steps_rate = f"rate({m('mindformers_train_steps_total')}[{cfg.checkpoint_rate_window}])"
+    interval = (f"{m('mindformers_train_checkpoint_interval_steps')}\n"
+                f"    / on (job_name, rank) ({steps_rate} > 0)\n"
+                f"    or on (job_name, rank)\n"
+                f"    {m('mindformers_train_checkpoint_interval_seconds')}")
+    return _alert(
+        cfg, "MindFormersCheckpointTooOld",
+        f"(\n  {age}\n)\n> on (job_name, rank) group_left ()\nclamp_min(\n"
+        f"  {_num(cfg.checkpoint_interval_factor)} * (\n    {interval}\n  ),\n"
+        f"  {cfg.checkpoint_max_age_seconds}\n)\n"
+        f"and on (job_name, rank) ({m('mindformers_train_status')} == {STATUS_RUNNING})",
+        cfg.checkpoint_for, "warning", "No recent checkpoint.",
+        f"{_WHO} has saved no checkpoint for {{{{ $value | humanizeDuration }}}} of training "
+        f"(threshold: the larger of {cfg.checkpoint_max_age_seconds}s and "
+        f"{_num(cfg.checkpoint_interval_factor)} x its checkpoint interval): a crash now would "
+        "lose all of it. Saves are failing, hang, or are configured too rarely.")
 
 
 def _num(x: float) -> str:

@@ -114,7 +114,8 @@ class Number(Field):
     def check(self, value: Any, source: str, key: str) -> float:
         low_ok = _is_number(value) and (value > self.minimum if self.positive
                                         else value >= self.minimum)
-        if _is_number(value) and math.isfinite(value) and low_ok and value <= self.maximum:
+        # compare before float(): an integer of 400 digits is simply above the maximum
+        if low_ok and value <= self.maximum and math.isfinite(float(value)):
             return float(value)
         unit = f" of {self.unit}" if self.unit else ""
         what = (f"a positive number{unit} <= {self.maximum:g}" if self.positive

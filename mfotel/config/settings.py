@@ -137,6 +137,8 @@ class MonitorConfig:
     early_step_interval: int = 1
     batch_size: int | None = None  # samples per step on this rank, when the run can't tell
     seq_length: int | None = None  # tokens per sample, enables mindformers_train_tokens_total
+    flops_per_token: float | None = None  # model FLOPs per training token (mindformers: estimated)
+    peak_flops: float | None = None  # peak FLOP/s of one device: enables the MFU gauge
     native_series_limit: int = 2000  # series per native metric (OTel's default cardinality cap)
     actions: ActionsConfig = field(default_factory=ActionsConfig)  # mfotel.actions.engine
     file_sd: FileSdConfig = field(default_factory=FileSdConfig)    # mfotel.cluster.discovery

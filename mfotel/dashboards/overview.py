@@ -101,6 +101,45 @@ health = Row("Health events", (
     ), needs=_LOSS_SCALE),
 ))
 
+_CHECKPOINTING = ("a checkpoint callback (MindSpore ModelCheckpoint or mindformers "
+                  "CheckpointMonitor) in the run")
+long_run = Row("Checkpoints, evaluation and efficiency", (
+    Panel("Time since last checkpoint", "s", (
+        Target(f"max by (job_name) (time() - "
+               f"{sel('mindformers_train_last_checkpoint_timestamp_seconds')})",
+               "{{job_name}} oldest over ranks"),
+    ), width=6, needs=_CHECKPOINTING,
+        description="Age of the last checkpoint of the rank that saved least recently: the "
+                    "training a crash would lose. MindFormersCheckpointTooOld warns."),
+    Panel("Checkpoint save time", "s", (
+        Target(f"max by (job_name) ({sel('mindformers_train_checkpoint_duration_seconds')})",
+               "{{job_name}} slowest rank"),
+    ), width=6, needs=_CHECKPOINTING,
+        description="Training-thread time of the last save per rank (with async_save, its "
+                    "blocking part); the slowest rank."),
+    Panel("Training and evaluation loss", "none", (
+        Target(f"avg by (job_name) ({sel('mindformers_train_loss')})", "{{job_name}} train"),
+        Target(f"avg by (job_name) ({sel('mindformers_train_eval_loss')})", "{{job_name}} eval"),
+    ), width=12, needs="evaluation during training (mindformers do_eval, Model.fit valid_dataset)",
+        description="Mean over ranks of the last recorded training loss and of the last "
+                    "evaluation's loss (mindformers_train_eval_step says after which step)."),
+    Panel("Tokens per second per device", _TOKENS_PER_S, (
+        Target(f"avg by (job_name) "
+               f"({sel('mindformers_train_device_throughput_tokens_per_second')})",
+               "{{job_name}} mean over devices"),
+        Target(f"min by (job_name) "
+               f"({sel('mindformers_train_device_throughput_tokens_per_second')})",
+               "{{job_name}} slowest device"),
+    ), needs="the sequence length (read from the run or set in the monitor config)",
+        description="Tokens one device trains per second over the recording interval."),
+    Panel("Model FLOPs utilisation (MFU)", "percentunit", (
+        Target(f"avg by (job_name) ({sel('mindformers_train_model_flops_utilization_ratio')})",
+               "{{job_name}} mean over devices"),
+    ), min=0, needs="peak_flops in the monitor config and the model's FLOPs per token",
+        description="Achieved model FLOP/s per device over the device's peak (peak_flops); "
+                    "FLOPs per token from the model config (6N + 12 L h s) or flops_per_token."),
+))
+
 _NOW = "max by (job_name, rank) ({})"
 per_rank_row = Row("Per rank", (
     Panel("Ranks now", "none", (
@@ -127,7 +166,7 @@ DASHBOARD = DashboardSpec(
     title="MindFormers / Training overview",
     description="Loss, learning rate, grad norm, throughput, step time and progress of "
                 "MindSpore / MindFormers training jobs exported by mfotel.",
-    rows=(progress, optimisation, speed, health, per_rank_row),
+    rows=(progress, optimisation, speed, health, long_run, per_rank_row),
     annotations=(
         # a region from the first NaN/Inf loss on, titled with its step
         Annotation("First non-finite loss",

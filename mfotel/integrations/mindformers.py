@@ -22,6 +22,13 @@ finds its sibling callbacks in `cb_params.list_callback` and taps, on those inst
   time_remain, ..., main_loss, extra_loss, mtp_loss, indexer_loss)`: what MFLossMonitor computes
   and prints each `per_print_times` steps (arguments read by name).
 - `MFLossMonitor._fix_loss_for_parallel(loss, print_warning)`: applied to the step loss.
+- `MFLossMonitor.on_train_step_begin` / `on_train_step_end`: the step-time histogram measures the
+  interval MFLossMonitor times (README, Time figures), marked after its begin hook returns and
+  before its end hook runs.
+- `EvalCallBack.eval_func`: timed, and its result's loss becomes `mindformers_train_eval_loss`.
+
+Checkpoints need no seam of their own: `CheckpointMonitor` is a MindSpore `ModelCheckpoint`,
+which the core callback watches (mfotel.checkpoints).
 
 Plus, from the train cell's 7-tuple (`runner_wrapper.local_norm: True`), per-parameter gradient
 norms named by the optimizer's parameter order, when the native monitor asks for local norms
@@ -35,18 +42,20 @@ import logging
 import math
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
 from mindspore.nn.wrap.loss_scale import _ascend_grad_overflow
-from mindformers.core.callback.callback import MFLossMonitor, TrainingStateMonitor
+from mindformers.core.callback.callback import EvalCallBack, MFLossMonitor, TrainingStateMonitor
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, get_real_models
 
-from ..callback import OTelMonitor
+from ..callback import OTelMonitor, eval_loss
 from ..config import ConfigError
 from ..config.source import safe_job_name
 from ..extract import StepOutputs, cb_param, parse_net_outputs, to_float
+from ..flops import TransformerShape, llama_ffn_hidden_size
 
 log = logging.getLogger("mfotel")
 
@@ -346,6 +355,50 @@ def _seq_length(network: Any) -> int | None:
     return None
 
 
+def _model_config(network: Any) -> Any:
+    """The model's config (legacy `model.config`, or mcore's transformer config), if any."""
+    try:
+        model = get_real_models(network)
+    except Exception:  # noqa: BLE001 - not a mindformers network
+        model = network
+    for get in (lambda: model.get_gpt_transformer_config(), lambda: model.config):
+        try:
+            config = get()
+        except Exception:  # noqa: BLE001
+            continue
+        if config is not None:
+            return config
+    return None
+
+
+def transformer_shape(config: Any) -> TransformerShape | None:
+    """The FLOPs-relevant shape of a dense Llama-style decoder (legacy LlamaConfig names or
+    mcore TransformerConfig names), or None when the config does not describe one (MoE models
+    activate a part of their experts per token: set flops_per_token for them)."""
+    def first(*names: str) -> Any:
+        for name in names:
+            value = getattr(config, name, None)
+            if value is not None:
+                return value
+        return None
+    moe = getattr(config, "moe_config", None)
+    if (first("num_moe_experts") or 0) > 1 or (getattr(moe, "expert_num", 1) or 1) > 1:
+        return None
+    hidden, layers = first("hidden_size"), first("num_layers")
+    heads = first("num_heads", "num_attention_heads")
+    vocab, seq = first("vocab_size", "padded_vocab_size"), first("seq_length")
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, layers, heads, vocab, seq)):
+        return None
+    kv_heads = first("n_kv_heads", "num_query_groups") or heads
+    ffn = first("intermediate_size", "ffn_hidden_size")
+    if ffn is None:
+        ffn = llama_ffn_hidden_size(hidden, first("multiple_of") or 256,
+                                    first("ffn_dim_multiplier"))
+    gated = getattr(config, "gated_linear_unit", True)
+    return TransformerShape(hidden, layers, heads, int(kv_heads), int(ffn), vocab, seq,
+                            bool(gated))
+
+
 def config_stem(argv: list[str]) -> str | None:
     """The stem of the `--config x.yaml` a mindformers launcher got (the default job name)."""
     for i, arg in enumerate(argv):
@@ -374,6 +427,8 @@ class MindFormersOTelMonitor(OTelMonitor):
             raise ValueError(str(exc)) from None
         self.bridge: NativeBridge | None = None
         self._param_names: list[str] | None = None
+        #: (instance, attribute, original) replaced to time steps and evaluations
+        self._timed: list[tuple[Any, str, Any]] = []
 
     def default_job_name(self) -> str:
         """The stem of the launcher's `--config` YAML (a default: OTEL_SERVICE_NAME wins)."""
@@ -396,15 +451,78 @@ class MindFormersOTelMonitor(OTelMonitor):
             seq_length = _seq_length(cb_param(cb, "network", None))
             if seq_length:
                 self.config = dataclasses.replace(self.config, seq_length=seq_length)
+        callbacks = cb_param(cb, "list_callback", None) or ()
+        self._read_parallel_layout(cb, callbacks)
         super().on_train_begin(run_context)
         if self.instruments is None:
             return
         self.bridge = NativeBridge(self.instruments.set_native)
-        self.bridge.attach(cb_param(cb, "list_callback", None) or ())
+        self.bridge.attach(callbacks)
+        if self.bridge.loss_monitor is not None:
+            self._time_steps_like(self.bridge.loss_monitor)
+        for callback in callbacks:
+            if isinstance(callback, EvalCallBack):
+                self._time_evaluations(callback)
         optimizer = cb_param(cb, "optimizer", None) or \
             getattr(cb_param(cb, "train_network", None), "optimizer", None)
         if optimizer is not None:
             self._param_names = [p.name for p in optimizer.parameters]
+
+    def _read_parallel_layout(self, cb: Any, callbacks: Iterable[Any]) -> None:
+        """Samples per device and step (MFLossMonitor's global batch over the device count,
+        as its samples/s/p) and the model FLOPs per token (from the model config)."""
+        loss_monitor = next((c for c in callbacks if isinstance(c, MFLossMonitor)), None)
+        global_batch = getattr(loss_monitor, "global_batch_size", 0) or 0
+        devices = getattr(loss_monitor, "device_num", 0) or 0
+        if global_batch > 0 and devices > 0 and self.config.batch_size is None:
+            self.device_samples_per_step = global_batch / devices
+        if self.flops_per_token is None:
+            shape = transformer_shape(_model_config(cb_param(cb, "network", None)))
+            if shape is not None:
+                if self.config.seq_length and shape.seq_length != self.config.seq_length:
+                    shape = dataclasses.replace(shape, seq_length=self.config.seq_length)
+                self.flops_per_token = shape.flops_per_token
+
+    def _time_steps_like(self, monitor: MFLossMonitor) -> None:
+        """Measure each step over MFLossMonitor's interval: from its step-begin hook (after it
+        ran) to its step-end hook (before it runs), so the histogram and its per_step_time
+        time the same thing; other callbacks' work falls outside both."""
+        begin, end = monitor.on_train_step_begin, monitor.on_train_step_end
+
+        def timed_begin(run_context: Any) -> Any:
+            result = begin(run_context)
+            self._step_begin = time.perf_counter()
+            return result
+
+        def timed_end(run_context: Any) -> Any:
+            self._step_end_mark = time.perf_counter()
+            return end(run_context)
+
+        self._replace(monitor, "on_train_step_begin", timed_begin)
+        self._replace(monitor, "on_train_step_end", timed_end)
+
+    def _time_evaluations(self, callback: EvalCallBack) -> None:
+        """Time EvalCallBack's evaluations and read their loss (e.g. PerplexityMetric's)."""
+        evaluate = callback.eval_func
+
+        def timed_eval(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            output = evaluate(*args, **kwargs)
+            try:
+                self.record_eval(eval_loss(output), time.perf_counter() - started)
+            except Exception as exc:  # noqa: BLE001 - never raise into training
+                self._count_error("callback", exc)
+            return output
+
+        self._replace(callback, "eval_func", timed_eval)
+
+    def _replace(self, instance: Any, name: str, replacement: Any) -> None:
+        self._timed.append((instance, name, instance.__dict__.get(name)))
+        setattr(instance, name, replacement)
+
+    def on_train_step_begin(self, run_context: Any) -> None:
+        if not self._timed or self.bridge is None or self.bridge.loss_monitor is None:
+            super().on_train_step_begin(run_context)  # else MFLossMonitor's hook marked it
 
     def _parse_outputs(self, cb: Any) -> StepOutputs:
         """The step's outputs, with the loss fixed the way MFLossMonitor fixes it."""
@@ -428,6 +546,12 @@ class MindFormersOTelMonitor(OTelMonitor):
     def close(self) -> None:
         if self.bridge is not None:
             self.bridge.detach()
+        for instance, name, original in reversed(self._timed):
+            if original is None:
+                instance.__dict__.pop(name, None)   # the class's method again
+            else:
+                setattr(instance, name, original)
+        self._timed.clear()
         super().close()
 
 
