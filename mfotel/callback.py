@@ -113,6 +113,7 @@ class OTelMonitor(Callback):
         self.closing_thread: int | None = None  # ident of the thread running close()
         self._closed = False
         self._signalled: int | None = None      # SIGTERM / SIGINT received (mfotel.lifecycle)
+        self._child_failure: str | None = None  # a dead child explains the SIGTERM
         self._final_status_value: int | None = None  # decided when close() begins
         self._error: BaseException | None = None  # what left Model.train, if anything
         self.actions: ActionEngine | None = None  # mfotel.actions.engine
@@ -326,8 +327,8 @@ class OTelMonitor(Callback):
         st = self.instruments.state
         # the first step; or steps go on after a signal (a chained handler that stops
         # gracefully later or not at all, a KeyboardInterrupt that MindSpore swallowed)
-        if st.status in (contract.STATUS_INITIALISING, contract.STATUS_CANCELLED) and \
-                self.closing_thread is None:
+        if st.status in (contract.STATUS_INITIALISING, contract.STATUS_CANCELLED,
+                         contract.STATUS_FAILED) and self.closing_thread is None:
             st.status = contract.STATUS_RUNNING
             if self.closing_thread is not None:  # close() began meanwhile (the signal watcher)
                 st.status = self._final_status_value
@@ -436,14 +437,18 @@ class OTelMonitor(Callback):
                 self._count_error("sink", exc)
 
     # ------------------------------------------------------------------ end
-    def on_signal(self, signum: int) -> None:
-        """A terminating signal arrived (mfotel.lifecycle): show status cancelled at once.
-        Runs in a signal handler or the watcher thread, hence assignments only; a run already
-        ending keeps its final status."""
+    def on_signal(self, signum: int, failure: str | None = None) -> None:
+        """A terminating signal arrived (mfotel.lifecycle): show status cancelled at once, or
+        failed when `failure` explains it (MindSpore SIGTERMs itself when a dataset worker
+        dies). Runs in a signal handler or the watcher thread, hence assignments only; a run
+        already ending keeps its final status."""
         if self._signalled is None:
             self._signalled = signum
+        if failure is not None and self._child_failure is None:
+            self._child_failure = failure
         if self.closing_thread is None and self.instruments is not None:
-            self.instruments.state.status = contract.STATUS_CANCELLED
+            self.instruments.state.status = (contract.STATUS_FAILED if self._child_failure
+                                             else contract.STATUS_CANCELLED)
             self.instruments.touch()
 
     @property
@@ -460,11 +465,14 @@ class OTelMonitor(Callback):
                                            self._last_step >= self._total_steps)
         if self._error is not None:  # Ctrl-C, or a chained signal handler's sys.exit()
             cancelled = isinstance(self._error, KeyboardInterrupt) or \
-                (isinstance(self._error, SystemExit) and self._signalled is not None)
+                (isinstance(self._error, SystemExit) and self._signalled is not None and
+                 self._child_failure is None)
             return contract.STATUS_CANCELLED if cancelled else contract.STATUS_FAILED
         if completed:
             return contract.STATUS_COMPLETED
-        return contract.STATUS_CANCELLED if self._signalled is not None else contract.STATUS_FAILED
+        if self._signalled is not None and self._child_failure is None:
+            return contract.STATUS_CANCELLED
+        return contract.STATUS_FAILED
 
     def close(self) -> None:
         """Final status, linger (if configured), stop the endpoint and flush; idempotent.
@@ -480,6 +488,9 @@ class OTelMonitor(Callback):
             return
         self._final_status_value = status
         self.closing_thread = threading.get_ident()  # after the status: see _step_end
+        if self._child_failure is not None:
+            self._warn_once("child", f"mfotel: SIGTERM after {self._child_failure} (MindSpore "
+                            f"ends a run whose dataset worker died that way): status failed")
         try:
             self._shutdown_step("status", lambda: self._set_status(status))
             self._shutdown_step("linger", self._linger)

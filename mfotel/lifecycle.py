@@ -21,6 +21,10 @@ handles both signals:
   the next scrape shows it even if the step never returns (a peer already gone), and for a
   default-action SIGTERM it finishes the monitors itself; if the main thread is still away
   MAIN_GRACE_SECONDS later, the process exits with status 128 + signum.
+- MindSpore's dataset answers the death of a worker process by sending SIGTERM to its own
+  process: when a child died of a failure (killed by the OOM killer, crashed, exited with an
+  error), the run is reported failed, not cancelled.
+- A forked child (a dataset worker) forgets all this: it is not the training run.
 
     lifecycle.enter(monitor)   # at train begin, on the main thread
     lifecycle.leave(monitor)   # last step of monitor.close(); re-delivers a deferred signal
@@ -53,8 +57,9 @@ class Finishable(Protocol):
     closed: bool
     closing_thread: int | None  # ident of the thread running close(), while it runs
 
-    def on_signal(self, signum: int) -> None:
-        """Mark the run cancelled; called in a signal handler or the watcher: assignments only."""
+    def on_signal(self, signum: int, failure: str | None) -> None:
+        """Mark the run cancelled, or failed when `failure` (a dead child) explains the signal;
+        called in a signal handler or the watcher: assignments only."""
 
     def close(self) -> None:
         """Final status, linger, flush, stop the endpoint; idempotent."""
@@ -78,6 +83,38 @@ def caught_outside_python(signum: int) -> bool:
     return False
 
 
+def failed_child() -> str | None:
+    """A child process that died of a failure and is not reaped yet, described; else None.
+
+    Killed by SIGTERM / SIGINT is no failure: it fits a cancel that reached the whole process
+    group. Peeks only (WNOWAIT): whoever owns the child still reaps it.
+    """
+    for pid in _children():
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except OSError:
+            continue
+        if info is None:
+            continue
+        if info.si_code == os.CLD_EXITED and info.si_status != 0:
+            return f"child process {pid} exited with status {info.si_status}"
+        if info.si_code == os.CLD_DUMPED or \
+                (info.si_code == os.CLD_KILLED and info.si_status not in TERMINATING):
+            return f"child process {pid} was killed by {signal.strsignal(info.si_status)}"
+    return None
+
+
+def _children() -> list[int]:
+    """This process's child pids (Linux /proc; none where it cannot tell)."""
+    pids: list[int] = []
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            pids += [int(pid) for pid in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return pids
+
+
 def _flush_stdio() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -94,6 +131,7 @@ class SignalGuard:
         self.members: list[Finishable] = []
         self.previous: dict[int, Handler] = {}
         self._handler = self._handle  # one object, so that getsignal() can recognise it
+        self._fork_hook = False
         self._reset()
 
     def _reset(self) -> None:
@@ -141,6 +179,9 @@ class SignalGuard:
             signal.signal(signum, self._handler)
         if self.previous:
             self._start_watcher()
+        if not self._fork_hook:  # hooks cannot be removed: register once, act when installed
+            os.register_at_fork(after_in_child=self._forget_in_child)
+            self._fork_hook = True
 
     def _start_watcher(self) -> None:
         read_fd, write_fd = os.pipe()
@@ -165,20 +206,38 @@ class SignalGuard:
                 signal.signal(signum, previous)
         self.previous = {}
         if self._wakeup is not None:
-            current = signal.set_wakeup_fd(-1)
-            if current != self._wakeup[1]:
-                signal.set_wakeup_fd(current)  # someone set theirs after us
-            os.close(self._wakeup[1])  # the watcher reads EOF and closes its end
+            self._uninstall_wakeup()  # the watcher reads EOF and closes its end
             self._wakeup = None
         if reset:
             self._reset()
 
+    def _uninstall_wakeup(self) -> None:
+        assert self._wakeup is not None
+        current = signal.set_wakeup_fd(-1)
+        if current != self._wakeup[1]:
+            signal.set_wakeup_fd(current)  # someone set theirs after us
+        os.close(self._wakeup[1])
+
+    def _forget_in_child(self) -> None:
+        """A forked child (a dataset worker) is not the training run: it must not report,
+        linger or exit for it, nor write into the parent's wakeup pipe."""
+        if self._wakeup is not None:  # the pipe is the parent's watcher's
+            self._uninstall_wakeup()
+            os.close(self._wakeup[0])
+            self._wakeup = None
+        self._uninstall()
+        self.members = []
+
     # ------------------------------------------------------------------ signals
+    def _tell(self, members: list[Finishable], signum: int) -> None:
+        failure = failed_child() if signum == signal.SIGTERM else None
+        for member in members:
+            member.on_signal(signum, failure)
+
     def _handle(self, signum: int, frame: Any) -> None:
         """The Python-level handler (main thread)."""
         members = list(self.members)
-        for member in members:
-            member.on_signal(signum)
+        self._tell(members, signum)
         previous = self.previous.get(signum, signal.SIG_DFL)
         if previous is signal.default_int_handler:
             raise KeyboardInterrupt
@@ -223,8 +282,7 @@ class SignalGuard:
 
     def _seen(self, signum: int) -> None:
         members = list(self.members)
-        for member in members:
-            member.on_signal(signum)
+        self._tell(members, signum)
         if signal.getsignal(signum) is not self._handler or \
                 self.previous.get(signum) != signal.SIG_DFL:
             return  # KeyboardInterrupt or a chained / replacing handler decides what follows

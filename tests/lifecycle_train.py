@@ -8,7 +8,8 @@ log_file (a file sink), layers (deeper network: longer graph compilation), previ
 previous_exits, exits 99), raise_at (a later callback raises RuntimeError at this step),
 stuck_at (at this step a later callback runs native code that keeps the GIL released and never
 returns to Python), setup_seconds (a later callback's on_train_begin prints "setting up" and
-takes this long, like loading a checkpoint).
+takes this long, like loading a checkpoint), dataset_workers (forked dataset worker processes),
+fork_at (at this step a later callback forks a child process that sleeps; prints "child PID").
 Prints "step N" for each step and "returned" when train() returns; mfotel logs at INFO.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
 import signal
 import sys
 import time
@@ -37,6 +39,11 @@ def later_callback(opts: dict[str, Any]) -> Any:
             print(f"step {step}", flush=True)
             if step == opts.get("raise_at"):
                 raise RuntimeError(f"data loader broke at step {step}")
+            if step == opts.get("fork_at"):
+                self.child = multiprocessing.get_context("fork").Process(
+                    target=time.sleep, args=(300,), daemon=True)
+                self.child.start()
+                print(f"child {self.child.pid}", flush=True)
             if step == opts.get("stuck_at"):  # like a collective whose peer is gone
                 hashlib.pbkdf2_hmac("sha256", b"x", b"y", 2 * 10 ** 9)  # hours; below INT_MAX
             time.sleep(opts.get("step_seconds", 0.02))
@@ -79,8 +86,10 @@ def main(opts: dict[str, Any]) -> None:
                           prometheus={"host": "127.0.0.1", "port": opts["port"],
                                       "linger_seconds": opts.get("linger_seconds", 10.0)})
     steps = opts.get("steps", 20000)
-    dataset = ds.GeneratorDataset(SyntheticRegression(steps, 8), ["x", "y"],
-                                  shuffle=False).batch(8)
+    workers = opts.get("dataset_workers", 1)  # > 1: forked worker processes
+    dataset = ds.GeneratorDataset(SyntheticRegression(steps, 8), ["x", "y"], shuffle=False,
+                                  num_parallel_workers=workers,
+                                  python_multiprocessing=workers > 1).batch(8)
     build_model(opts.get("layers", 1)).train(1, dataset, callbacks=[monitor, later_callback(opts)],
                                              dataset_sink_mode=False)
     print("returned", flush=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -251,6 +252,46 @@ def test_sigterm_during_the_final_linger_keeps_completed_and_exits_after_the_scr
     body = samples(scrape(run.url))  # answered: the signal did not cut the linger short
     assert value(body, "mindformers_train_status") == contract.STATUS_COMPLETED
     assert run.wait() == -signal.SIGTERM
+
+
+def children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
+def ended(pid: int) -> bool:
+    """Exited: gone, or a zombie its parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_dataset_worker_killed_reports_failed_not_cancelled(runs, port):
+    """MindSpore answers a dataset worker's death by sending SIGTERM to the training process;
+    a worker killed by the OOM killer (SIGKILL) is a failure, and the run says so."""
+    run = runs(port=port, linger_seconds=20, dataset_workers=2)
+    run.wait_output("step 20")
+    with EndpointPoller({"r": run.url}) as poller:
+        for child in children(run.process.pid):
+            os.kill(child, signal.SIGKILL)
+        assert run.wait() == -signal.SIGTERM
+    assert value(poller.bodies["r"][-1], "mindformers_train_status") == contract.STATUS_FAILED
+    assert "was killed by Killed" in run.stderr() and "status failed" in run.stderr()
+
+
+def test_forked_child_is_not_the_training_run(runs, port):
+    """A process forked during training (a data worker) inherits the signal handlers: it
+    must die of SIGTERM at once, and the run must not take the child's signal for its own."""
+    run = runs(port=port, linger_seconds=20, fork_at=10)
+    run.wait_output("child ")
+    child = int(run.out.read_text().split("child ")[1].split()[0])
+    os.kill(child, signal.SIGTERM)
+    wait_until(lambda: ended(child), 10, "the forked child ended by SIGTERM", alive=run.process)
+    steps_then = run.out.read_text().count("step ")
+    run.wait_output(f"step {steps_then + 20}\n")  # training went on
+    body = samples(scrape(run.url))
+    assert value(body, "mindformers_train_status") == contract.STATUS_RUNNING
 
 
 # ---------------------------------------------------------------- in-process: the end never raises
