@@ -10,6 +10,7 @@ import atexit
 import dataclasses
 import logging
 import math
+import threading
 import time
 from importlib import import_module
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindspore.train import Callback, ModelCheckpoint
 
-from . import contract
+from . import contract, lifecycle
 from .checkpoints import CheckpointWatch
 from .config import (DEFAULT_JOB_NAME, ConfigError, MonitorConfig, check_writable, load_config,
                      override, parse_config, resolve_otel_env)
@@ -96,7 +97,9 @@ class OTelMonitor(Callback):
 
     Keyword arguments are the `monitor_config` keys (README, Configuration). Failures inside the
     callback never reach training: they are counted in `mfotel_export_errors_total{stage}` and
-    warned about once.
+    warned about once. The run's end always reports a final status: completed, failed (an
+    exception left `Model.train`, or it stopped early) or cancelled (SIGTERM / SIGINT, see
+    mfotel.lifecycle), and nothing at the end raises into MindSpore.
     """
 
     def __init__(self, config: MonitorConfig | None = None, **kwargs: Any) -> None:
@@ -142,7 +145,14 @@ class OTelMonitor(Callback):
         self._eval_begin: float | None = None
         self._eval_losses: list[float] = []
         self._stopped = False
+        # the end of the run (close): once, from whichever thread gets there first
+        self._close_once = threading.Lock()
+        self.closing_thread: int | None = None  # ident of the thread running close()
         self._closed = False
+        self._signalled: int | None = None      # SIGTERM / SIGINT received (mfotel.lifecycle)
+        self._child_failure: str | None = None  # a dead child explains the SIGTERM
+        self._final_status_value: int | None = None  # decided when close() begins
+        self._error: BaseException | None = None  # what left Model.train, if anything
         self.actions: ActionEngine | None = None  # mfotel.actions.engine
         self.final_scraped = False  # whether a scrape saw the final status before shutdown
         # multi-rank (mfotel.identity / mfotel.cluster.discovery)
@@ -220,6 +230,10 @@ class OTelMonitor(Callback):
         if cfg.alertmanager_url:
             import_module(".alerting.fastpage", __package__)  # not on the first NaN's step
         atexit.register(self.close)
+        try:  # last: a failed start leaves the signal handlers alone
+            lifecycle.enter(self)
+        except Exception as exc:  # noqa: BLE001 - monitoring without them beats no training
+            self._count_error("callback", exc)
 
     # ------------------------------------------------------------------ multi-rank
     def _telemetry_config(self) -> MonitorConfig:
@@ -351,7 +365,21 @@ class OTelMonitor(Callback):
             self._count_error("callback", exc)
 
     def on_train_end(self, run_context: Any) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001 - a subclass's close; later callbacks must run
+            self._count_error("shutdown", exc)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        """MindSpore enters every callback around `Model.train`: when training raised, the run
+        ends here with status failed (cancelled for KeyboardInterrupt or after a signal),
+        before the exception leaves train() (atexit may be far away, or never come)."""
+        if exc is not None and self._error is None:
+            self._error = exc
+            try:
+                self.close()
+            except Exception as error:  # noqa: BLE001 - the training error must propagate
+                self._count_error("shutdown", error)
 
     # Evaluation inside training (`Model.fit(..., valid_dataset=...)`). MindSpore 2.9's own
     # `eval_results["eval_loss"]` is the last batch's loss (its loss metric is created anew for
@@ -415,7 +443,13 @@ class OTelMonitor(Callback):
             self._count_error("extract", exc)
             out = StepOutputs()
         st = self.instruments.state
-        st.status = contract.STATUS_RUNNING
+        # the first step; or steps go on after a signal (a chained handler that stops
+        # gracefully later or not at all, a KeyboardInterrupt that MindSpore swallowed)
+        if st.status in (contract.STATUS_INITIALISING, contract.STATUS_CANCELLED,
+                         contract.STATUS_FAILED) and self.closing_thread is None:
+            st.status = contract.STATUS_RUNNING
+            if self.closing_thread is not None:  # close() began meanwhile (the signal watcher)
+                st.status = self._final_status_value
         st.step, st.steps, st.last_step_timestamp = step, st.steps + advanced, wall
         st.epoch = int(cb_param(cb, "cur_epoch_num", 0) or 0)
         if self._total_steps:
@@ -535,32 +569,111 @@ class OTelMonitor(Callback):
                 self._count_error("sink", exc)
 
     # ------------------------------------------------------------------ end
+    def on_signal(self, signum: int, failure: str | None = None) -> None:
+        """A terminating signal arrived (mfotel.lifecycle): show status cancelled at once, or
+        failed when `failure` explains it (MindSpore SIGTERMs itself when a dataset worker
+        dies). Runs in a signal handler or the watcher thread, hence assignments only; a run
+        already ending keeps its final status."""
+        if self._signalled is None:
+            self._signalled = signum
+        if failure is not None and self._child_failure is None:
+            self._child_failure = failure
+        if self.closing_thread is None and self.instruments is not None:
+            self.instruments.state.status = (contract.STATUS_FAILED if self._child_failure
+                                             else contract.STATUS_CANCELLED)
+            self.instruments.touch()
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() has nothing left to do (it finished, or nothing was started)."""
+        return self._closed or self.instruments is None or self.telemetry is None
+
+    def close_seconds(self) -> float:
+        """The longest close() may take: the linger and the final OTLP push of each provider."""
+        return self.config.prometheus.linger_seconds + 2 * self.config.otlp.timeout_seconds
+
+    def _final_status(self) -> int:
+        completed = not self._stopped and (self._total_steps is None or
+                                           self._last_step >= self._total_steps)
+        if self._error is not None:  # Ctrl-C, or a chained signal handler's sys.exit()
+            cancelled = isinstance(self._error, KeyboardInterrupt) or \
+                (isinstance(self._error, SystemExit) and self._signalled is not None and
+                 self._child_failure is None)
+            return contract.STATUS_CANCELLED if cancelled else contract.STATUS_FAILED
+        if completed:
+            return contract.STATUS_COMPLETED
+        if self._signalled is not None and self._child_failure is None:
+            return contract.STATUS_CANCELLED
+        return contract.STATUS_FAILED
+
     def close(self) -> None:
-        """Final status, linger (if configured), stop the endpoint and flush; idempotent."""
-        if self._closed or self.instruments is None or self.telemetry is None:
+        """Final status, linger (if configured), stop the endpoint and flush; idempotent.
+
+        Every step runs even when an earlier one fails: a failure is counted in
+        `mfotel_export_errors_total{stage="shutdown"}` and warned about once, never raised
+        (KeyboardInterrupt, a second Ctrl-C during the linger, cuts the linger short).
+        """
+        if self.instruments is None or self.telemetry is None:
             return
-        self._closed = True
-        atexit.unregister(self.close)
-        st = self.instruments.state
-        completed = not self._stopped and (self._total_steps is None or self._last_step >= self._total_steps)
-        st.status = contract.STATUS_COMPLETED if completed else contract.STATUS_FAILED
+        status = self._final_status()
+        if not self._close_once.acquire(blocking=False):
+            return
+        self._final_status_value = status
+        self.closing_thread = threading.get_ident()  # after the status: see _step_end
+        if self._child_failure is not None:
+            self._warn_once("child", f"mfotel: SIGTERM after {self._child_failure} (MindSpore "
+                            f"ends a run whose dataset worker died that way): status failed")
+        try:
+            self._shutdown_step("status", lambda: self._set_status(status))
+            self._shutdown_step("linger", self._linger)
+        finally:
+            # the final save (end) happened before, or never will
+            self._shutdown_step("checkpoint watch", self._detach_checkpoints)
+            completed = status == contract.STATUS_COMPLETED
+            self._shutdown_step("file sinks", self._close_sinks)
+            if self.run is not None:  # multi-rank: run identity and file_sd
+                self._shutdown_step("run state", lambda: finish_run(
+                    self.config.run, self.identity.rank, self.job_name, self.run,
+                    self._last_step, completed))
+            if self.file_sd is not None and completed:
+                self._shutdown_step("file_sd", self.file_sd.remove)
+            self._shutdown_step("telemetry", self.telemetry.shutdown)
+            self._shutdown_step("atexit", lambda: atexit.unregister(self.close))
+            self._closed = True
+            # last: may re-deliver a signal that arrived during the linger (ends the process)
+            self._shutdown_step("signal handlers", lambda: lifecycle.leave(self))
+
+    def _shutdown_step(self, name: str, step: Any) -> None:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - the end of training must not raise into MindSpore
+            if self.instruments is not None:
+                self.instruments.count_error("shutdown")
+            self._warn_once(f"shutdown:{name}", f"mfotel: {name} failed at the end of training "
+                            f"({type(exc).__name__}: {exc}); the other shutdown steps ran, "
+                            f"failures are counted in mfotel_export_errors_total"
+                            f"{{stage=\"shutdown\"}}")
+
+    def _set_status(self, status: int) -> None:
+        self.instruments.state.status = status
         self.instruments.touch()
+
+    def _linger(self) -> None:
         prom = self.config.prometheus
-        if prom.linger_seconds and self.telemetry.endpoint is not None:
-            log.info("mfotel: keeping /metrics up for the final scrape (at most %.0f s)",
-                     prom.linger_seconds)
-            if prom.linger_until_scraped:
-                self.final_scraped = self.telemetry.wait_scraped(prom.linger_seconds)
-            else:
-                time.sleep(prom.linger_seconds)
-        for watch in self.checkpoints:  # the final save (end) happened before, or never will
+        if not prom.linger_seconds or self.telemetry.endpoint is None:
+            return
+        log.info("mfotel: keeping /metrics up for the final scrape (at most %.0f s)",
+                 prom.linger_seconds)
+        if prom.linger_until_scraped:
+            self.final_scraped = self.telemetry.wait_scraped(prom.linger_seconds)
+        else:
+            time.sleep(prom.linger_seconds)
+
+    def _detach_checkpoints(self) -> None:
+        for watch in self.checkpoints:
             watch.detach()
+
+    def _close_sinks(self) -> None:
         for sink, _ in self.sinks:
             if isinstance(sink, FileSink):
                 sink.close()
-        if self.run is not None:  # multi-rank: run identity and file_sd
-            finish_run(self.config.run, self.identity.rank, self.job_name, self.run,
-                       self._last_step, completed)
-        if self.file_sd is not None and completed:
-            self.file_sd.remove()
-        self.telemetry.shutdown()

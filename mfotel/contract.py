@@ -26,8 +26,9 @@ SEED_METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughp
 STEP_TIME_BUCKETS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
-#: Values of `mindformers_train_status`.
-STATUS_INITIALISING, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED = 0, 1, 2, 3
+#: Values of `mindformers_train_status`. Cancelled: ended by SIGTERM / SIGINT (scancel, pod
+#: deletion, Ctrl-C), which pages nobody; failed: an exception, or stopped before the last step.
+STATUS_INITIALISING, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED, STATUS_CANCELLED = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _m("progress", "mindformers.train.progress.ratio", "1", "gauge",
        "mindformers_train_progress_ratio", "Completed fraction of the run, 0..1"),
     _m("status", "mindformers.train.status", "", "gauge", "mindformers_train_status",
-       "0 initialising, 1 running, 2 completed, 3 failed or stopped"),
+       "0 initialising, 1 running, 2 completed, 3 failed or stopped, 4 cancelled"),
     _m("first_nonfinite_step", "mindformers.train.first_nonfinite_step", "{step}", "gauge",
        "mindformers_train_first_nonfinite_step", "Step at which the loss first went NaN/Inf"),
     _m("start_timestamp", "mindformers.train.start.timestamp", "s", "gauge",

@@ -35,7 +35,7 @@ def test_core_imports_without_mindspore():
 
 
 CORE = ("config", "contract", "extract", "instruments", "telemetry", "exposition", "sinks",
-        "identity", "webconfig", "cells", "callback")
+        "identity", "webconfig", "cells", "callback", "lifecycle")
 OPTIONAL = ("cluster", "alerting", "actions", "logs", "integrations", "demo", "dashboards")
 
 

@@ -304,9 +304,35 @@ def test_status_is_a_state_timeline_naming_every_status(dashboard, title):
     assert status["type"] == "state-timeline"
     (mapping,) = status["fieldConfig"]["defaults"]["mappings"]
     statuses = {contract.STATUS_INITIALISING: "initialising", contract.STATUS_RUNNING: "running",
-                contract.STATUS_COMPLETED: "completed", contract.STATUS_FAILED: "failed / stopped"}
+                contract.STATUS_COMPLETED: "completed", contract.STATUS_FAILED: "failed / stopped",
+                contract.STATUS_CANCELLED: "cancelled"}
     assert {int(k): v["text"] for k, v in mapping["options"].items()} == statuses
     assert mapping["options"][str(contract.STATUS_FAILED)]["color"] == "red"
+
+
+def test_the_worst_status_of_a_job_is_failed_even_beside_a_cancelled_rank(tmp_path):
+    """promtool evaluates the status panel's query: failed (3) must win over cancelled (4)."""
+    import subprocess
+    from mfotel.dashboards.common import worst_status
+    expr = worst_status('mindformers_train_status{job_name="j"}')
+    tests = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": 'mindformers_train_status{job_name="j",rank="0"}', "values": "3"},
+            {"series": 'mindformers_train_status{job_name="j",rank="1"}', "values": "4"},
+            {"series": 'mindformers_train_status{job_name="k",rank="0"}', "values": "2"},
+            {"series": 'mindformers_train_status{job_name="k",rank="1"}', "values": "4"}],
+        "promql_expr_test": [
+            {"expr": expr, "eval_time": "0m", "exp_samples": [
+                {"labels": '{job_name="j"}', "value": contract.STATUS_FAILED}]},
+            {"expr": worst_status('mindformers_train_status{job_name="k"}'), "eval_time": "0m",
+             "exp_samples": [{"labels": '{job_name="k"}', "value": contract.STATUS_CANCELLED}]},
+        ]}]}
+    path = tmp_path / "worst.yml"
+    path.write_text(yaml.safe_dump(tests))
+    done = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_ranks_now_has_a_loss_finite_column_red_when_not_finite():

@@ -277,6 +277,9 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                "{{ $value | humanizeDuration }} (threshold: the larger of "
                f"{cfg.stall_seconds}s and {_num(cfg.stall_step_factor)} x its mean step "
                "interval): hung collective, dead data loader or stuck I/O."),
+        # Only a rank last seen running pages: one that completed (2), failed (3, warns
+        # below), was cancelled (4: SIGTERM / SIGINT, reported before it exits) or died while
+        # compiling (0) does not; one killed without a catchable signal (kill -9, OOM) does.
         _alert(cfg, "MindFormersRankDown",
                f"(last_over_time({status}[{cfg.rank_down_lookback}]) == {STATUS_RUNNING})\n"
                f"unless on (job_name, rank) {status}\n"

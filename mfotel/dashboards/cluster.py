@@ -1,9 +1,11 @@
 """Cluster health: which ranks run, which are slow, which stalled, which diverge."""
 from __future__ import annotations
 
+from typing import Callable
+
 from .common import (ALERTS_ANNOTATION, FINITE_LOSS, FINITE_TEXTS, JOB, RANK, RUN_MATCHER,
                      STATUS_TEXTS, DashboardSpec, Panel, Row, Step, Target, ValueText, over_ranks,
-                     per_rank, rank_lines, sel)
+                     per_rank, rank_lines, sel, worst_status)
 
 _RATE = "[$__rate_interval]"
 _MEAN = "job_name_rank:mindformers_train_step_duration_seconds:mean1m"
@@ -20,12 +22,12 @@ def _ranks_in(status: int, title: str, description: str,
         kind="stat", width=6, height=5, description=description, thresholds=thresholds)
 
 
-def _per_rank_state(metric: str, worst: str, texts: tuple[ValueText, ...], title: str,
-                    description: str) -> Panel:
+def _per_rank_state(metric: str, worst: Callable[[str], str], texts: tuple[ValueText, ...],
+                    title: str, description: str) -> Panel:
     """A state timeline: a row per rank while few are selected, the job's `worst` otherwise."""
     return Panel(title, "none", (
         Target(per_rank(f"max by (job_name, rank) ({sel(metric)})"), RANK),
-        Target(over_ranks(f"{worst} by (job_name) ({sel(metric)})"), "{{job_name}} worst rank"),
+        Target(over_ranks(worst(sel(metric))), "{{job_name}} worst rank"),
     ), kind="state-timeline", value_texts=texts, description=description)
 
 
@@ -81,6 +83,8 @@ ranks = Row("Ranks", (
               ((None, "purple"),)),
     _ranks_in(3, "Ranks failed or stopped", "Ranks that stopped early or failed.",
               ((None, "green"), (1, "red"))),
+    _ranks_in(4, "Ranks cancelled", "Ranks ended by SIGTERM / SIGINT (scancel, pod deletion, "
+              "Ctrl-C): pages nobody.", ((None, "green"), (1, "orange"))),
     Panel("Ranks running over time", "none", (
         Target(sel("job_name:mindformers_train_ranks_running:count", rank=False),
                "{{job_name}} running"),
@@ -135,8 +139,9 @@ stalls = Row("Stalls", (
         f"max by (job_name) ({sel('mindformers_train_step', rank=False)}) "
         f"- on (job_name) group_right () {sel('mindformers_train_step')}"),
         description="Global step of the job's most advanced rank minus this rank's."),
-    _per_rank_state("mindformers_train_status", "max", STATUS_TEXTS, "Status per rank",
-                    "Initialising (graph compilation), running, completed, failed or stopped; "
+    _per_rank_state("mindformers_train_status", worst_status, STATUS_TEXTS, "Status per rank",
+                    "Initialising (graph compilation), running, completed, failed or stopped, "
+                    "cancelled (SIGTERM/SIGINT); "
                     "with more than 16 ranks selected, the worst rank's."),
 ))
 
@@ -146,7 +151,8 @@ divergence = Row("Divergence across ranks", (
         description="Finite loss of each rank minus the mean over the job's ranks."),
     Panel("Grad norm deviation from the job mean", "none",
           rank_lines(_deviation("mindformers_train_grad_norm"))),
-    _per_rank_state("mindformers_train_loss_finite", "min", FINITE_TEXTS, "Loss finite per rank",
+    _per_rank_state("mindformers_train_loss_finite", lambda s: f"min by (job_name) ({s})",
+                    FINITE_TEXTS, "Loss finite per rank",
                     "Finite while the last loss was, NaN / Inf after a non-finite loss; with "
                     "more than 16 ranks selected, whether any rank's is."),
     Panel("Non-finite steps per rank", "none", rank_lines(

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..contract import STATUS_FAILED
+
 PanelKind = Literal["timeseries", "stat", "bargauge", "table", "state-timeline"]
 #: How a time series target is drawn: a value line, red bars marking NaN/Inf steps, or the
 #: global step, shown in the tooltip only (the x axis is time; the tooltip says which step).
@@ -153,14 +155,22 @@ class Target:
 STEP = Target(f"max by (job_name) ({sel('mindformers_train_step')})", "{{job_name}} step",
               role="step")
 
-#: mindformers_train_status values (contract), worst last: `max` over ranks is the worst.
+#: mindformers_train_status values (contract); the job's worst of them is `worst_status`.
 STATUS_TEXTS = (
     ValueText(0, "initialising", "blue"),
     ValueText(1, "running", "green"),
     ValueText(2, "completed", "purple"),
     ValueText(3, "failed / stopped", "red"),
-    # a further status value (e.g. cancelled) is one more ValueText here
+    ValueText(4, "cancelled", "orange"),
 )
+
+
+def worst_status(selector: str) -> str:
+    """The job's worst status over its ranks: failed (3) beats everything, then the highest
+    value (cancelled 4 > completed 2 > running 1 > initialising 0); a plain `max` would let a
+    cancelled rank hide a failed one."""
+    return (f"(max by (job_name) ({selector} == {STATUS_FAILED}) "
+            f"or max by (job_name) ({selector}))")
 #: mindformers_train_loss_finite values.
 FINITE_TEXTS = (ValueText(0, "NaN / Inf", "red"), ValueText(1, "finite", "green"))
 

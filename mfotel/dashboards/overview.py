@@ -4,7 +4,7 @@ from __future__ import annotations
 from .common import (ALERTS_ANNOTATION, FINITE_GRAD_NORM, FINITE_LOSS, FINITE_TEXTS,
                      GRAD_NORM_NONFINITE, JOB, LOSS_NONFINITE, NEUTRAL, STATUS_TEXTS, STEP,
                      Annotation, DashboardSpec, Panel, Row, Target, nonfinite_bars, rank_lines,
-                     sel)
+                     sel, worst_status)
 
 _RATE = "[$__rate_interval]"
 _SAMPLES_PER_S = "suffix: samples/s"
@@ -43,10 +43,10 @@ progress = Row("Progress", (
           width=4, thresholds=((None, "red"),), needs="a NaN/Inf loss (absent in a healthy run)",
           description="The step whose loss first went NaN/Inf (earliest rank).", **_STAT),
     Panel("Status", "none", (
-        Target(f"max by (job_name) ({sel('mindformers_train_status')})", JOB),
+        Target(worst_status(sel('mindformers_train_status')), JOB),
     ), kind="state-timeline", width=24, height=4, value_texts=STATUS_TEXTS,
-        description="The worst status of the selected ranks over time: failed beats completed "
-                    "beats running beats initialising (graph compilation)."),
+        description="The worst status of the selected ranks over time: failed beats cancelled "
+                    "beats completed beats running beats initialising (graph compilation)."),
 ))
 
 optimisation = Row("Loss and optimisation", (
