@@ -243,19 +243,25 @@ class OTelMonitor(Callback):
         return dataclasses.replace(self.config, resource_attributes=extra)
 
     def _start_multirank(self, cb: Any, port: int) -> None:
-        """Explain a port held by another rank; write the file_sd file; note the resumed step."""
+        """Explain a port held by another rank; write the file_sd file; note the resumed step.
+
+        mfotel.cluster is imported only when needed: a busy port, or a file_sd path."""
         self._begin_step = int(cb_param(cb, "cur_step_num", 0) or 0)
-        from .cluster.discovery import FileSdWriter, check_port_collision
+        written = None
         try:
             if port and self.telemetry.endpoint is None:
+                from .cluster.discovery import check_port_collision
                 check_port_collision(self.config, self.identity, self.job_name, port)
-            self.file_sd = FileSdWriter(self.config, self.identity, self.job_name)
-            try:
-                written = self.file_sd.write()
-            except OSError as exc:
-                raise ConfigError(self.config.source, "monitor_config.file_sd.path",
-                                  f"cannot write {self.file_sd.path} ({exc.strerror or exc})",
-                                  "choose a writable path (a directory Prometheus reads)") from None
+            if self.config.file_sd.path:
+                from .cluster.discovery import FileSdWriter
+                self.file_sd = FileSdWriter(self.config, self.identity, self.job_name)
+                try:
+                    written = self.file_sd.write()
+                except OSError as exc:
+                    raise ConfigError(self.config.source, "monitor_config.file_sd.path",
+                                      f"cannot write {self.file_sd.path} ({exc.strerror or exc})",
+                                      "choose a writable path (a directory Prometheus reads)"
+                                      ) from None
         except ConfigError:
             self.telemetry.shutdown()  # an error before training: leave nothing bound
             self.instruments = None

@@ -50,3 +50,20 @@ def test_core_never_imports_the_optional_parts():
     loaded = set(done.stdout.split())
     assert set(CORE) <= loaded
     assert not loaded & set(OPTIONAL), f"core imported optional parts: {loaded & set(OPTIONAL)}"
+
+
+def test_a_run_configured_without_optional_parts_never_loads_them(tmp_path):
+    """A real training run with the defaults (endpoint on, no file_sd, actions, OTLP or fast
+    path) loads none of the optional subpackages but the demo that drives it."""
+    from mfotel.demo.stack import free_port
+    code = ("import sys\n"
+            "from mfotel.demo.training import run_demo\n"
+            f"run_demo(steps=4, port={free_port()}, linger_seconds=0, output={{'console': False}})\n"
+            "print(' '.join(sorted({m.split('.')[1] for m in sys.modules "
+            "if m.startswith('mfotel.')})))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert "callback" in loaded
+    assert not loaded & (set(OPTIONAL) - {"demo"}), loaded
