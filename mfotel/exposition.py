@@ -13,14 +13,14 @@ import gzip
 import ssl
 import threading
 import time
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from .webconfig import BasicAuth, WebConfig
+from .webconfig import BasicAuth, WebConfig, WsgiApp
 
 
 class CachingCollector:
@@ -122,6 +122,29 @@ class CachedMetricsApp:
         if gzipped:
             headers.append(("Content-Encoding", "gzip"))
         start_response("200 OK", headers)
+        return [body]
+
+
+class Router:
+    """WSGI app dispatching on the path: only the documented paths answer, the rest is 404.
+
+    Keys are exact paths; a key ending in "/" (other than "/") also serves the paths below it.
+    """
+
+    def __init__(self, routes: Mapping[str, WsgiApp]) -> None:
+        self.routes = dict(routes)
+        self._prefixes = sorted((p for p in routes if p.endswith("/") and p != "/"), key=len,
+                                reverse=True)
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "") or "/"
+        app = self.routes.get(path) or next(
+            (self.routes[p] for p in self._prefixes if path.startswith(p)), None)
+        if app is not None:
+            return app(environ, start_response)
+        body = b"Not Found: this endpoint serves " + ", ".join(sorted(self.routes)).encode() + b"\n"
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
+                                         ("Content-Length", str(len(body)))])
         return [body]
 
 

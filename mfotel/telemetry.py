@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.metrics_core import Metric
 
 from .config import MonitorConfig
-from .exposition import CachedMetricsApp, CachingCollector, serve
+from .exposition import CachedMetricsApp, CachingCollector, Router, serve
 from .identity import RankIdentity
-from .webconfig import WebConfig, load_web_config
+from .webconfig import WebConfig, WsgiApp, load_web_config
 
 if TYPE_CHECKING:
     from .cluster.otlp import OtlpPush
@@ -121,6 +121,11 @@ class Endpoint:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"{self.scheme}://{host}:{self.port}/metrics"
 
+    @property
+    def page_url(self) -> str:
+        """The live page (mfotel.ui), when it is on."""
+        return self.url[:-len("metrics")]
+
 
 class Telemetry:
     """Owns the MeterProviders, the Prometheus registries and HTTP endpoint, and OTLP push.
@@ -147,6 +152,8 @@ class Telemetry:
         self.endpoint: Endpoint | None = None
         self._otlp: OtlpPush | None = None
         self.app: CachedMetricsApp | None = None
+        #: further documented paths on the same port (the live page: mfotel.ui), set before serve()
+        self.extra_routes: dict[str, WsgiApp] = {}
         self.web = self._web_config()
 
     def _web_config(self) -> WebConfig | None:
@@ -204,7 +211,7 @@ class Telemetry:
         if not port:
             return
         try:
-            server, thread = serve(self.app, prom.host, port, self.web)
+            server, thread = serve(Router(self.routes()), prom.host, port, self.web)
         except OSError as exc:
             self.on_error("server")
             log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training continues "
@@ -215,6 +222,11 @@ class Telemetry:
             return
         scheme = "https" if self.web is not None and self.web.cert_file else "http"
         self.endpoint = Endpoint(prom.host, server.server_port, server, thread, scheme)
+
+    def routes(self) -> dict[str, WsgiApp]:
+        """The documented paths of the endpoint; every other path answers 404."""
+        assert self.app is not None
+        return {"/metrics": self.app, **self.extra_routes}
 
     def wait_scraped(self, timeout: float) -> bool:
         """Block until a scrape has served the current values, or `timeout` seconds pass."""

@@ -36,7 +36,7 @@ def test_core_imports_without_mindspore():
 
 CORE = ("config", "contract", "extract", "instruments", "telemetry", "exposition", "sinks",
         "identity", "webconfig", "cells", "callback")
-OPTIONAL = ("cluster", "alerting", "actions", "logs", "integrations", "demo", "dashboards")
+OPTIONAL = ("cluster", "alerting", "actions", "logs", "integrations", "demo", "dashboards", "ui")
 
 
 def test_core_never_imports_the_optional_parts():

@@ -133,6 +133,12 @@ PROMETHEUS = Section(cls=PrometheusConfig, constraints=(TLS_PAIR,), doc="the /me
     "keyfile": Optional(inner=Text(example="server.key"), doc="TLS private key (with certfile)"),
     "web_config_file": Optional(inner=Text(example="web.yml"),
                                 doc="Prometheus web-config file: TLS and basic auth"),
+    "ui": Bool(doc="serve the live page (/) on the same port, behind the same TLS and auth"),
+    "ui_history_points": Int(16, 1_000_000, example=10000,
+                             doc="points of each metric the live page keeps (48 bytes per "
+                                 "point); a longer run is thinned evenly, never cut"),
+    "ui_overview_rank": Optional(inner=Int(0, example=0),
+                                 doc="the rank whose live page shows every rank; null: none"),
 })
 OTLP = Section(cls=OtlpConfig, doc="push to an OpenTelemetry Collector (OTLP/HTTP)", keys={
     "endpoint": Optional(inner=OTLP_ENDPOINT, doc=OTLP_ENDPOINT.doc),

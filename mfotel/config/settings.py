@@ -51,6 +51,10 @@ class PrometheusConfig:
     certfile: str | None = None
     keyfile: str | None = None
     web_config_file: str | None = None  # Prometheus web-config format: TLS + basic auth
+    # the live page (mfotel.ui) on the same port, behind the same TLS and basic auth
+    ui: bool = True
+    ui_history_points: int = 10_000   # 48 bytes each; beyond, the run is thinned evenly
+    ui_overview_rank: int | None = 0  # the rank whose page shows every rank; None: none
 
 
 @dataclass(frozen=True)
