@@ -3,6 +3,7 @@ overview of several ranks' real endpoints, and its security (TLS, basic auth, CS
 from __future__ import annotations
 
 import base64
+from array import array
 import hashlib
 import json
 import math
@@ -40,9 +41,9 @@ def test_history_keeps_every_record_while_it_fits():
                               "grad_norm": float("nan") if step == 4 else 2.0})
     data = history.read()
     assert data["steps"] == list(range(1, 11))
-    assert data["series"]["loss"] == [1.0 / s for s in range(1, 11)]
-    assert data["series"]["grad_norm"][3] is None          # NaN: JSON null, marked elsewhere
-    assert data["series"]["throughput"] == [None] * 10     # not recorded
+    assert data["series"]["loss"].tolist() == [1.0 / s for s in range(1, 11)]
+    assert math.isnan(data["series"]["grad_norm"][3])       # not finite: the marks say so
+    assert all(map(math.isnan, data["series"]["throughput"]))   # not recorded
     assert (data["reset"], data["stride"], data["committed"]) == (True, 1, 10)
     assert history.latest("loss") == 0.1 and history.latest("throughput") is None
 
@@ -59,7 +60,7 @@ def test_history_thins_evenly_and_always_shows_the_newest_record():
     assert all(b - a == data["stride"] for a, b in zip(kept, kept[1:]))  # evenly spaced
     # 16 slots hold 15 strides + 1 records before thinning: 1000 records need stride 128
     assert (data["stride"], data["generation"]) == (128, 7) and len(steps) >= 8
-    assert data["series"]["loss"] == [float(s) for s in steps]
+    assert data["series"]["loss"].tolist() == [float(s) for s in steps]
 
 
 def test_history_delta_replaces_the_newest_record():
@@ -74,7 +75,7 @@ def test_history_delta_replaces_the_newest_record():
     assert (delta["reset"], delta["steps"], delta["committed"]) == (False, [9], 9)
     history.append(10, {"loss": 10.0})   # not kept: shown until 11 replaces it
     delta = history.read(since=9, generation=1)
-    assert (delta["steps"], delta["series"]["loss"], delta["committed"]) == ([10], [10.0], 9)
+    assert (delta["steps"], delta["series"]["loss"].tolist(), delta["committed"]) == ([10], [10.0], 9)
     history.append(11, {"loss": 11.0})
     assert history.read(since=9, generation=1)["steps"] == [11]
 
@@ -95,7 +96,7 @@ def test_a_client_following_the_deltas_sees_what_a_full_read_shows(points, plan)
         else:
             client["steps"], client["loss"] = [], []
         client["steps"] += data["steps"]
-        client["loss"] += data["series"]["loss"]
+        client["loss"] += data["series"]["loss"].tolist()
         client["since"] = -1 if data["committed"] is None else data["committed"]
         client["generation"] = data["generation"]
     for item in plan:
@@ -107,7 +108,7 @@ def test_a_client_following_the_deltas_sees_what_a_full_read_shows(points, plan)
             history.append(step, {"loss": step / 2})
     poll()
     full = history.read()
-    assert client["steps"] == full["steps"] and client["loss"] == full["series"]["loss"]
+    assert client["steps"] == full["steps"] and client["loss"] == full["series"]["loss"].tolist()
     assert len(full["steps"]) <= points and (not step or full["steps"][-1] == step)
 
 
@@ -150,6 +151,15 @@ def serve_page(port: int, ui: bool = True, identity: RankIdentity = RankIdentity
         telemetry.extra_routes.update(page.routes())
     telemetry.serve(lambda: inst.version)
     return telemetry, inst, page
+
+
+def decoded(data: dict) -> dict:
+    """/api/history's series as the page decodes them: float64 from base64, null if NaN/Inf."""
+    assert data["encoding"] == "float64-le-base64"
+    series = {name: [v if math.isfinite(v) else None
+                     for v in array("d", base64.b64decode(column))]
+              for name, column in data["series"].items()}
+    return {**data, "series": series}
 
 
 def get(url: str, authorization: str | None = None,
@@ -211,9 +221,11 @@ def test_history_api_returns_the_records_and_marks_the_nan(page_server):
     for step, loss in ((1, 2.0), (2, 1.5), (3, float("nan")), (4, float("nan"))):
         record(inst, page, step, loss)
     status, headers, body = get(base + "/api/history")
-    data = json.loads(body)
+    data = decoded(json.loads(body))
     assert status == 200 and headers["Cache-Control"] == "no-store"
     assert data["steps"] == [1, 2, 3, 4] and data["series"]["loss"] == [2.0, 1.5, None, None]
+    as_numbers = json.loads(get(base + "/api/history?format=numbers")[2])
+    assert as_numbers["encoding"] == "numbers" and as_numbers["series"] == data["series"]
     assert data["marks"] == [{"metric": "loss", "first": 3, "last": 4, "value": "NaN"}]
     current = data["current"]
     assert (current["step"], current["status_name"], current["first_nonfinite_step"]) == (4, "running", 3)
@@ -222,11 +234,26 @@ def test_history_api_returns_the_records_and_marks_the_nan(page_server):
     assert current["metrics"] == ["loss", "learning_rate", "grad_norm"]
     record(inst, page, 5, 0.5)
     query = f"?since={data['committed']}&generation={data['generation']}&marks={data['marks_version']}"
-    delta = json.loads(get(base + "/api/history" + query)[2])
+    delta = decoded(json.loads(get(base + "/api/history" + query)[2]))
     assert delta["steps"] == [5] and delta["series"]["loss"] == [0.5] and "marks" not in delta
     assert delta["current"]["nonfinite_now"] == {}
     summary = json.loads(get(base + "/api/summary")[2])
     assert summary["step"] == 5 and summary["loss"] == 0.5 and summary["history"]["points"] == 5
+
+
+def test_full_loads_are_budgeted_and_a_stale_one_is_caught_up_by_the_next_delta(
+        page_server, monkeypatch):
+    base, inst, page = page_server
+    monkeypatch.setattr("mfotel.ui.app.FULL_LOAD_BUDGET", 1e-9)  # one encoding, then reuse
+    record(inst, page, 1, 2.0)
+    first = decoded(json.loads(get(base + "/api/history")[2]))
+    record(inst, page, 2, 1.0)
+    again = decoded(json.loads(get(base + "/api/history")[2]))
+    assert again["steps"] == first["steps"] == [1] and again["committed"] == 1   # not re-encoded
+    assert again["current"]["step"] == 2                                          # but current
+    query = f"?since={again['committed']}&generation={again['generation']}&marks=0"
+    delta = decoded(json.loads(get(base + "/api/history" + query)[2]))
+    assert delta["steps"] == [2] and delta["series"]["loss"] == [1.0]
 
 
 def test_bad_requests_get_clear_answers(page_server):
@@ -284,7 +311,7 @@ def test_the_page_is_behind_the_same_tls_and_basic_auth_as_metrics(port, tmp_pat
             assert get(base + path, context=context)[0] == 401, path
             assert get(base + path, basic("viewer", "wrong"), context)[0] == 401, path
             assert get(base + path, basic("viewer", PASSWORD), context)[0] == 200, path
-        data = json.loads(get(base + "/api/history", basic("viewer", PASSWORD), context)[2])
+        data = decoded(json.loads(get(base + "/api/history", basic("viewer", PASSWORD), context)[2]))
         assert data["series"]["loss"] == [3.0]
         with pytest.raises(OSError):  # plain HTTP is refused by the TLS socket
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()

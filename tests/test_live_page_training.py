@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from test_live_page import decoded
+
 pytestmark = pytest.mark.slow
 
 
@@ -39,7 +41,7 @@ def test_the_page_shows_a_real_runs_records_and_marks_a_nan_between_records(port
                               f"http://127.0.0.1:{port}/api/history", 30, got),))
     assert f"live page http://127.0.0.1:{port}/" in caplog.text
     assert got["status"] == 200
-    data, current = got["body"], got["body"]["current"]
+    data, current = decoded(got["body"]), got["body"]["current"]
     assert data["steps"] == [5, 10, 15, 20, 25, 30]     # the record steps, as [Monitor] lines
     loss = data["series"]["loss"]
     assert loss[:2] == [result.losses[5], result.losses[10]] and loss[2:] == [None] * 4

@@ -37,11 +37,6 @@ def nonfinite_text(value: float) -> str:
     return "NaN" if value != value else ("Inf" if value > 0 else "-Inf")
 
 
-def _json_values(column: array) -> list[float | None]:
-    """Floats for JSON: missing and non-finite values become null (the marks say which)."""
-    return [v if math.isfinite(v) else None for v in column]
-
-
 class History:
     """Seed metrics at record steps, bounded by `points`, thinned evenly when full."""
 
@@ -125,8 +120,9 @@ class History:
     # ---------------------------------------------------------------- readers (HTTP threads)
     def read(self, since: int | None = None, generation: int | None = None,
              marks_version: int | None = None) -> dict[str, Any]:
-        """Points after step `since` as JSON-ready data; everything when `since` is None or
-        `generation` is not the current one (the points were thinned: `reset` is true).
+        """Points after step `since`; everything when `since` is None or `generation` is not
+        the current one (the points were thinned: `reset` is true). `series` maps each metric
+        to an array of floats (NaN where not recorded or not finite: the marks say which).
 
         A client keeps its points up to `since`, appends `steps`/`series`, and asks next with
         `since=committed`: the last point may be the newest record, replaced later. Marks are
@@ -145,7 +141,7 @@ class History:
                     "capacity": self.capacity, "points": self._kept + self._tail,
                     "marks_version": self.marks_version, "marks_dropped": self.marks_dropped}
         data = {**head, "reset": reset, "committed": committed, "steps": steps,
-                "series": {name: _json_values(column) for name, column in zip(FIELDS, columns)}}
+                "series": dict(zip(FIELDS, columns))}
         if marks is not None:
             data["marks"] = [{"metric": m, "first": a, "last": b, "value": v}
                              for m, a, b, v in marks]

@@ -54,11 +54,24 @@
   }
 
   // ------------------------------------------------------------------ data
+  // A series arrives as base64 of little-endian float64 (NaN where not recorded or not
+  // finite); uPlot draws a gap at null.
+  function decode(encoded) {
+    const bin = atob(encoded);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i += 1) bytes[i] = bin.charCodeAt(i);
+    return Array.from(new Float64Array(bytes.buffer), (v) => (Number.isFinite(v) ? v : null));
+  }
+
   function apply(data) {
     const names = METRICS.map((m) => m.key);
+    for (const name of names) {
+      const column = data.series[name] || [];
+      data.series[name] = data.encoding === "numbers" ? column : decode(column);
+    }
     if (data.reset) {
       state.steps = data.steps.slice();
-      for (const name of names) state.series[name] = (data.series[name] || []).slice();
+      for (const name of names) state.series[name] = data.series[name];
     } else {
       // keep the points up to `since` (the newest record may have been replaced), append
       let keep = state.steps.length;
@@ -68,7 +81,7 @@
       for (const name of names) {
         const column = state.series[name] || (state.series[name] = []);
         column.length = keep;
-        for (const v of data.series[name] || []) column.push(v);
+        for (const v of data.series[name]) column.push(v);
       }
     }
     state.generation = data.generation;
