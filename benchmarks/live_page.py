@@ -9,8 +9,9 @@ every 3 s, from another process), ten such clients, and a real headless Chromium
 page open (Debian's chromium, driven by Playwright in another process). It prints the time
 spent inside the callback per step on the training thread and the training throughput,
 each against the page off. Variants are interleaved, so machine drift hits all alike.
-Part 2: the history's memory (fixed at start) and what a new viewer costs the training
-process (encoding the full history, 10k points).
+Then the callback's own CPU time per step without a network, page off and on (precise where
+the training runs are noisy), and the history's memory (fixed at start) and what a new
+viewer costs the training process (encoding the full history, 10k points).
 """
 from __future__ import annotations
 
@@ -143,6 +144,38 @@ def part1(steps: int, repeats: int) -> None:
         print(f"(no {CHROMIUM}: the browser variant was not measured)")
 
 
+def callback_alone(steps: int = 20_000, repeats: int = 5) -> None:
+    """The callback's own CPU time per step, page off and on, without a network: MindSpore's
+    RunContext and callback parameters with numpy outputs (the difference is the ring)."""
+    import numpy as np
+    from mindspore.train.callback import RunContext, _InternalCallbackParam
+    losses = np.random.default_rng(0).random(1000).astype(np.float32)
+    results: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for ui in (False, True):
+            callback = OTelMonitor(step_interval=1, metrics=ALL_METRICS, job_name="bench",
+                                   batch_size=8, output={"console": False},
+                                   prometheus={"host": "127.0.0.1", "port": free_port(),
+                                               "linger_seconds": 0, "ui": ui})
+            cb = _InternalCallbackParam()
+            cb.epoch_num, cb.batch_num, cb.cur_epoch_num = 1, steps, 1
+            cb.optimizer, cb.train_network = None, None
+            context = RunContext(cb)
+            callback.on_train_begin(context)
+            started = time.thread_time()
+            for step in range(1, steps + 1):
+                cb.cur_step_num, cb.net_outputs = step, (losses[step % 1000], losses[step % 999])
+                callback.on_train_step_begin(context)
+                callback.on_train_step_end(context)
+            results[ui].append((time.thread_time() - started) / steps * 1e6)
+            callback.close()
+    off, on = (statistics.median(results[ui]) for ui in (False, True))
+    print(f"\n## the callback alone ({steps} synthetic record steps, {repeats} repeats, CPU "
+          f"time on the training thread, medians)")
+    print(f"page off: {off:.2f} us/step; page on: {on:.2f} us/step ({on - off:+.2f} us, "
+          f"x{on / off:.3f})")
+
+
 def part2(points: int = 10_000, records: int = 1_000_000) -> None:
     history = History(points)
     values = {name: 1.0 for name in ALL_METRICS}
@@ -195,14 +228,16 @@ def part2(points: int = 10_000, records: int = 1_000_000) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3000, help="training steps per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per variant, interleaved")
+    parser.add_argument("--points", type=int, default=10_000, help="ui_history_points (part 2)")
     args = parser.parse_args()
     import mindspore as ms
-    ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
     part1(args.steps, args.repeats)
-    part2()
+    callback_alone()
+    part2(args.points)
     return 0
 
 

@@ -153,6 +153,8 @@
       ctx.fillStyle = FIRST_NONFINITE;
       ctx.fillRect(x - px, top, 2 * px, height);
       ctx.font = `${12 * px}px system-ui, sans-serif`;
+      ctx.textAlign = "left";   // uPlot leaves its axes' alignment on the context
+      ctx.textBaseline = "alphabetic";
       const label = `first NaN/Inf loss: step ${first}`;
       const textWidth = ctx.measureText(label).width;
       const tx = x + 4 * px + textWidth > left + width ? x - 4 * px - textWidth : x + 4 * px;
