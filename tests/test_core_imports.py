@@ -14,6 +14,7 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import mfotel, mfotel.cli, mfotel.config, mfotel.telemetry, mfotel.instruments, mfotel.logs.parse
 import mfotel.alerting.rules, mfotel.actions.engine, mfotel.actions.control, mfotel.cluster.discovery, mfotel.alerting.receiver
+import mfotel.ui
 cfg = mfotel.parse_config({"step_interval": 5})
 assert cfg.step_interval == 5
 try:

@@ -431,3 +431,44 @@ def test_rank_addresses_explain_what_is_missing(tmp_path):
                            RankIdentity(world_size=4, local_world_size=2), "j", "http")
     assert peers.urls == {0: "http://n1:9464/", 2: "https://n2:9464/"}
     assert peers.note.startswith("2 of 4 ranks have no readable target file yet")
+
+
+def test_a_peer_that_trickles_its_answer_is_cut_off(port):
+    """A misbehaving peer (headers, then a byte now and then) cannot hold the overview."""
+    import socket
+    import threading
+    from mfotel.ui import Overview
+    from mfotel.ui.overview import Peers
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", port))
+
+    def trickle() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n{")
+            while not stop.wait(0.2):
+                try:
+                    connection.sendall(b" ")
+                except OSError:
+                    return
+    threading.Thread(target=trickle, daemon=True).start()
+    overview = Overview(lambda: Peers({0: "http://unused/", 1: f"http://127.0.0.1:{port}/"}),
+                        own_rank=0, timeout=0.5)
+    overview.local = lambda: {"step": 3}
+    try:
+        overview.snapshot()
+        data = wait_until(lambda: (d := overview.snapshot())["refreshed"] and d, timeout=20)
+        assert data["ranks"][1]["error"] == "too slow (no summary within 1 s)"
+        assert data["ranks"][0]["step"] == 3
+    finally:
+        stop.set()
+        listener.close()
+
+
+def wait_until(probe, timeout: float):
+    deadline = time.monotonic() + timeout
+    while not (found := probe()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+    return found

@@ -182,9 +182,19 @@ class Overview:
         if authorization:
             request.add_header("Authorization", authorization)
         context = self.tls if base_url.startswith("https:") else None
+        deadline = time.monotonic() + 2 * self.timeout  # a peer trickling bytes is cut off too
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=context) as reply:
-                return self._row(json.loads(reply.read(MAX_SUMMARY_BYTES)))
+                body = b""
+                while len(body) < MAX_SUMMARY_BYTES:
+                    if time.monotonic() > deadline:
+                        return {"error": "too slow (no summary within "
+                                         f"{2 * self.timeout:.0f} s)"}
+                    chunk = reply.read1(MAX_SUMMARY_BYTES - len(body))
+                    if not chunk:
+                        break
+                    body += chunk
+                return self._row(json.loads(body))
         except urllib.error.HTTPError as exc:
             return {"error": f"HTTP {exc.code} {exc.reason}"}
         except (OSError, ValueError) as exc:
