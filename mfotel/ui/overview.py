@@ -5,7 +5,8 @@
     overview.snapshot(authorization)   # the last fan-out; a refresh starts in the background
 
 The overview rank fetches every rank's `/api/summary` (a few hundred bytes) from a background
-thread, only while someone looks at the page, and never more often than its CPU cost allows:
+thread, only while someone looks at the page (asked within the last 10 s), and never more
+often than its CPU cost allows:
 the next refresh waits at least `cost / budget` seconds (2% of one core by default), so a
 1000-rank job cannot make its rank 0 a straggler. The credentials the viewer gave this page
 are sent to the other ranks (they share the web-config), as Prometheus sends its basic auth
@@ -30,6 +31,8 @@ from ..identity import RankIdentity
 #: Share of one core the fan-out may use (measured as the CPU time of its threads).
 BUDGET = 0.02
 MIN_INTERVAL_SECONDS = 2.0
+#: The fan-out goes on while someone looked within this many seconds (the page asks every 2 s).
+VIEWED_SECONDS = 10.0
 FETCH_TIMEOUT_SECONDS = 2.0
 FETCH_THREADS = 8
 MAX_SUMMARY_BYTES = 64 * 1024
@@ -123,24 +126,45 @@ class Overview:
         self._refreshed: float | None = None   # unix time of the last completed fan-out
         self._cost = 0.0                       # CPU seconds of the last fan-out
         self._due = 0.0                        # monotonic time the next fan-out may start
-        self._running = False
+        self._running = False                  # the fan-out thread is alive
+        self._viewed = 0.0                     # monotonic time of the last look
+        self._authorization: str | None = None  # the last viewer's credentials (for the ranks)
 
     def snapshot(self, authorization: str | None = None) -> dict[str, Any]:
-        """The last fan-out's rows (this rank's always current); starts a refresh when due."""
+        """The last fan-out's rows (this rank's always current). The first look starts a
+        thread that fans out whenever due, until nobody has looked for VIEWED_SECONDS."""
         now = time.monotonic()
         with self._lock:
-            if not self._running and now >= self._due:
+            self._viewed, self._authorization = now, authorization
+            if not self._running:
                 self._running = True
-                threading.Thread(target=self._refresh, args=(authorization,),
-                                 name="mfotel-ui-overview", daemon=True).start()
+                threading.Thread(target=self._loop, name="mfotel-ui-overview",
+                                 daemon=True).start()
             rows = dict(self._rows)
             data = {"note": self._note, "refreshed": self._refreshed,
-                    "refreshing": self._running, "cost_seconds": self._cost,
+                    "cost_seconds": self._cost,
                     "next_refresh_seconds": max(self._due - now, 0.0)}
         rows[self.own_rank] = {**self._row(self.local()), "rank": self.own_rank,
                                "url": rows.get(self.own_rank, {}).get("url")}
         data["ranks"] = [rows[rank] for rank in sorted(rows)]
         return data
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                if now - self._viewed > VIEWED_SECONDS:
+                    self._running = False
+                    return
+                wait, authorization = self._due - now, self._authorization
+            if wait > 0:
+                time.sleep(min(wait, VIEWED_SECONDS))
+                continue
+            try:
+                self._refresh(authorization)
+            except Exception as exc:  # noqa: BLE001 - the page says so; the loop goes on
+                with self._lock:
+                    self._note = f"the overview failed: {type(exc).__name__}: {exc}"
 
     def _refresh(self, authorization: str | None) -> None:
         try:
@@ -175,7 +199,6 @@ class Overview:
         finally:
             with self._lock:
                 self._due = time.monotonic() + max(self.min_interval, self._cost / self.budget)
-                self._running = False
 
     def _fetch(self, base_url: str, authorization: str | None) -> dict[str, Any]:
         request = urllib.request.Request(base_url + "api/summary")

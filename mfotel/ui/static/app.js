@@ -3,7 +3,7 @@
 (function () {
   "use strict";
   const POLL_MS = 1000;
-  const OVERVIEW_MS = 3000;
+  const OVERVIEW_MS = 2000;
   const RETRY_MS = 5000;
   const METRICS = [
     { key: "loss", title: "Loss", unit: "", color: "#2563eb" },
@@ -163,6 +163,21 @@
     ctx.restore();
   }
 
+  // The first step includes graph compilation (seconds to minutes): when it dwarfs the
+  // others, the step-time axis leaves it off the scale and the chart's title gives it.
+  function firstStepOffScale() {
+    const ys = state.series.step_time || [];
+    let rest = 0;
+    for (let i = 1; i < ys.length; i += 1) if (ys[i] !== null && ys[i] > rest) rest = ys[i];
+    return ys.length > 1 && ys[0] !== null && rest > 0 && ys[0] > 3 * rest ? rest : null;
+  }
+
+  function stepTimeRange(u, min, max) {
+    const rest = firstStepOffScale();
+    if (rest !== null) return [0, rest * 1.15];
+    return min === null || max === null ? [0, 1] : uPlot.rangeNum(min, max, 0.1, true);
+  }
+
   function plotWidth(node) {
     return Math.max(node.clientWidth - 4, 200);
   }
@@ -173,7 +188,8 @@
     const opts = {
       width: plotWidth(box),
       height: 220,
-      scales: { x: { time: false }, y: log ? { distr: 3, log: 10 } : {} },
+      scales: { x: { time: false },
+        y: log ? { distr: 3, log: 10 } : (metric.key === "step_time" ? { range: stepTimeRange } : {}) },
       series: [
         { label: "step", value: (u, v) => (v === null || v === undefined ? "–" : String(v)) },
         { label: metric.title, stroke: metric.color, width: 1.5, points: { show: false },
@@ -196,7 +212,8 @@
     const section = $("charts");
     for (const metric of METRICS) {
       const head = el("h2", {}, el("span", { text: metric.title }),
-        el("span", { class: "unit", text: metric.unit }));
+        el("span", { class: "unit", text: metric.unit }),
+        el("span", { class: "unit", id: `note-${metric.key}` }));
       const card = el("div", { class: "chart", id: `chart-${metric.key}` }, head);
       if (!recorded.includes(metric.key)) {
         card.append(el("div", { class: "off", text:
@@ -252,6 +269,12 @@
     $("progress-text").textContent = c.progress === null ? "" : `${(100 * c.progress).toFixed(1)}%`;
     const age = c.last_step_timestamp === null ? null : Math.max(c.now - c.last_step_timestamp, 0);
     $("updated").textContent = age === null ? "no step yet" : `last step ${ago(age)}`;
+    const note = $("note-step_time");
+    if (note) {
+      const offScale = firstStepOffScale() !== null;
+      note.textContent = offScale ? `first step ${fmt(state.series.step_time[0])} s ` +
+        "(includes graph compilation), off the scale" : "";
+    }
     renderCurrent(c);
     renderAlert(c);
     renderMarks();
