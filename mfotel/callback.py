@@ -181,7 +181,7 @@ class OTelMonitor(Callback):
         if cfg.prometheus.ui and self.telemetry.port:  # same port, TLS and auth as /metrics
             from .ui import live_page
             self.live = live_page(cfg, ident, self.job_name, self.instruments.state,
-                                  self.telemetry.web)
+                                  self.telemetry.cert_file)
             self.telemetry.extra_routes.update(self.live.routes())
         self.telemetry.serve(lambda: self.instruments.version,
                              lambda: self.instruments.native_version)

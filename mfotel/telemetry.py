@@ -165,6 +165,11 @@ class Telemetry:
         return None
 
     @property
+    def cert_file(self) -> str | None:
+        """The endpoint's TLS certificate (None: plain HTTP)."""
+        return self.web.cert_file if self.web is not None else None
+
+    @property
     def port(self) -> int:
         """This rank's port: base port + local rank (0 = endpoint off)."""
         base = self.cfg.prometheus.port

@@ -147,7 +147,7 @@ def serve_page(port: int, ui: bool = True, identity: RankIdentity = RankIdentity
                        cfg.metrics)
     page = None
     if ui:
-        page = live_page(cfg, identity, "page", inst.state, telemetry.web)
+        page = live_page(cfg, identity, "page", inst.state, telemetry.cert_file)
         telemetry.extra_routes.update(page.routes())
     telemetry.serve(lambda: inst.version)
     return telemetry, inst, page
@@ -376,15 +376,19 @@ def test_rank_0_shows_every_rank_of_the_node(tmp_path):
             telemetry.shutdown()
 
 
-def test_the_overview_sends_the_viewers_credentials_to_the_other_ranks(tmp_path):
+def test_the_overview_reaches_tls_ranks_with_the_viewers_credentials(tmp_path, certs):
+    """The ranks share one web-config: rank 0 trusts their certificate and forwards the
+    viewer's basic auth."""
     base = free_pair()
     auth = basic("viewer", PASSWORD)
-    ranks = two_ranks(base, web_config_file=str(web_config(tmp_path / "w.yml", None)))
+    ranks = two_ranks(base, web_config_file=str(web_config(tmp_path / "w.yml", certs)))
+    context = ssl.create_default_context(cafile=str(certs / "cert.pem"))
     try:
         (_, inst1, page1) = ranks[1]
         record(inst1, page1, 4, 1.25)
-        overview = poll_overview(f"http://127.0.0.1:{base}",
-                                 lambda d: len(d["ranks"]) == 2 and d["refreshed"], auth)
+        overview = poll_overview(f"https://127.0.0.1:{base}",
+                                 lambda d: len(d["ranks"]) == 2 and d["refreshed"], auth, context)
+        assert overview["ranks"][1]["url"] == f"https://127.0.0.1:{base + 1}/"
         assert overview["ranks"][1]["step"] == 4 and "error" not in overview["ranks"][1]
     finally:
         for telemetry, _, _ in ranks:
