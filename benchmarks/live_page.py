@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
