@@ -85,6 +85,10 @@ def run(tmp_path_factory) -> Iterator[str]:
         log.close()
 
 
+#: Playwright's waits (navigation, clicks), generous: the machine may be heavily loaded
+BROWSER_TIMEOUT_MS = 120_000
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
@@ -102,6 +106,7 @@ def page(run, browser) -> Iterator[Any]:
     """The page opened with the credentials; console errors collected in page.problems."""
     context = browser.new_context(http_credentials={"username": USER, "password": PASSWORD},
                                   viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(BROWSER_TIMEOUT_MS)
     tab = context.new_page()
     tab.problems = []
     # (the pixel reads of these tests make Chromium advise willReadFrequently: not the page's)
@@ -143,18 +148,20 @@ def plot_pixels(page: Any, chart: str, rgb: tuple[int, int, int], tolerance: int
 def test_without_credentials_the_page_answers_401(run, browser):
     request = urllib.request.Request(run + "/api/history")
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=10)
+        urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 401
     from playwright.sync_api import Error
     # a browser without credentials gets the 401 challenge (headless: no dialog, no page);
     # with wrong ones it gives up after the retry and shows the 401 answer
     context = browser.new_context()
+    context.set_default_timeout(BROWSER_TIMEOUT_MS)
     try:
         with pytest.raises(Error, match="ERR_INVALID_AUTH_CREDENTIALS"):
             context.new_page().goto(run + "/")
     finally:
         context.close()
     context = browser.new_context(http_credentials={"username": USER, "password": "not-it"})
+    context.set_default_timeout(BROWSER_TIMEOUT_MS)
     try:
         tab = context.new_page()
         response = tab.goto(run + "/")
@@ -164,7 +171,7 @@ def test_without_credentials_the_page_answers_401(run, browser):
     wrong = base64.b64encode(f"{USER}:not-it".encode()).decode()
     request.add_header("Authorization", f"Basic {wrong}")
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=10)
+        urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 401
 
 

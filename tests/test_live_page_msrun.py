@@ -12,7 +12,7 @@ import pytest
 
 from mfotel.demo.stack import free_port
 from multirank_support import child_env, msrun_command, start, stop, wait_until
-from test_live_page_browser import CHROMIUM, CHROMIUM_FLAGS, js
+from test_live_page_browser import BROWSER_TIMEOUT_MS, CHROMIUM, CHROMIUM_FLAGS, js
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +66,7 @@ def test_rank_0s_page_shows_both_ranks_of_an_msrun_job(tmp_path):
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(BROWSER_TIMEOUT_MS)
             page.goto(rank0)
             rows = wait_until(lambda: js(page, "[...document.querySelectorAll("
                                          "'#overview-rows tr')].map(tr => tr.textContent)"),
