@@ -14,6 +14,7 @@ BENCHMARKS = [
     ("log parsing speed", ["parse_speed.py"]),
     ("NaN step -> page, shipped alerting files", ["paging_latency.py"]),
     ("mfotel check wall time", ["check.py"]),
+    ("live page: training with the page watched, its memory", ["live_page.py"]),
 ]
 
 

@@ -34,6 +34,7 @@ from .webconfig import load_web_config
 if TYPE_CHECKING:  # optional parts, imported when configured (the core never needs them)
     from .actions.engine import ActionEngine
     from .cluster.discovery import FileSdWriter
+    from .ui import LivePage
 
 log = logging.getLogger("mfotel")
 
@@ -154,6 +155,7 @@ class OTelMonitor(Callback):
         self._final_status_value: int | None = None  # decided when close() begins
         self._error: BaseException | None = None  # what left Model.train, if anything
         self.actions: ActionEngine | None = None  # mfotel.actions.engine
+        self.live: LivePage | None = None  # the live page (mfotel.ui), fed at records
         self.final_scraped = False  # whether a scrape saw the final status before shutdown
         # multi-rank (mfotel.identity / mfotel.cluster.discovery)
         self.run: RunIdentity | None = None
@@ -219,14 +221,20 @@ class OTelMonitor(Callback):
             self.actions.on_error = self._on_telemetry_error
         self.instruments.state.start_timestamp = time.time()
         self._watch_checkpoints(cb)
+        if cfg.prometheus.ui and self.telemetry.port:  # same port, TLS and auth as /metrics
+            from .ui import live_page
+            self.live = live_page(cfg, ident, self.job_name, self.instruments.state,
+                                  self.telemetry.cert_file)
+            self.telemetry.extra_routes.update(self.live.routes())
         self.telemetry.serve(lambda: self.instruments.version,
                              lambda: self.instruments.native_version)
         self._start_multirank(cb, port)
         self._open_sinks()
         self._read_run_shape(cb)
-        where = self.telemetry.endpoint.url if self.telemetry.endpoint else "off"
-        log.info("mfotel: job %s rank %d/%d, /metrics %s", self.job_name, ident.rank,
-                 ident.world_size, where)
+        endpoint = self.telemetry.endpoint
+        log.info("mfotel: job %s rank %d/%d, /metrics %s, live page %s", self.job_name,
+                 ident.rank, ident.world_size, endpoint.url if endpoint else "off",
+                 endpoint.page_url if endpoint and self.live else "off")
         if cfg.alertmanager_url:
             import_module(".alerting.fastpage", __package__)  # not on the first NaN's step
         atexit.register(self.close)
@@ -511,6 +519,8 @@ class OTelMonitor(Callback):
             st.loss_finite = int(finite)
             if not finite:
                 st.nonfinite["loss"] += 1
+                if self.live is not None:
+                    self.live.history.mark_nonfinite("loss", step, out.loss, self._last_step)
                 if st.first_nonfinite_step is None:
                     st.first_nonfinite_step = step
                     if self.config.alertmanager_url:  # fast path: page before the next scrape
@@ -523,6 +533,8 @@ class OTelMonitor(Callback):
                                 f"mindformers_train_nonfinite_total")
         if not is_finite(out.grad_norm):
             st.nonfinite["grad_norm"] += 1
+            if self.live is not None:
+                self.live.history.mark_nonfinite("grad_norm", step, out.grad_norm, self._last_step)
         if out.overflow is not None:
             st.overflow = (st.overflow or 0) + int(out.overflow)
         if out.loss_scale is not None and math.isfinite(out.loss_scale):
@@ -551,6 +563,8 @@ class OTelMonitor(Callback):
             if value is not None and math.isfinite(value) and metric != "step_time":
                 setattr(st, metric, value)
         self._record_time, self._record_samples, self._record_steps = now, 0, 0
+        if self.live is not None:
+            self.live.history.append(step, values)
         self._write_lines(step, epoch, values)
 
     def _record_device_throughput(self, elapsed: float) -> None:

@@ -75,8 +75,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overrides["output"] = {"console": True, "file": True, "file_path": args.file_path,
                                "format": args.format}
     excerpt: list[str] = []
-    print(f"mfotel demo: {args.steps} steps, metrics on http://{args.host}:{args.port}/metrics "
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    print(f"mfotel demo: {args.steps} steps, metrics on http://{host}:{args.port}/metrics "
           f"(job_name={args.job_name})", flush=True)
+    if args.port:
+        print(f"mfotel demo: live page on http://{host}:{args.port}/ (open it in a browser; "
+              f"--linger-seconds N keeps it up N s after the last step)", flush=True)
     result = run_demo(steps=args.steps, step_interval=args.step_interval, port=args.port,
                       nan_at_step=args.nan_at_step, job_name=args.job_name,
                       linger_seconds=args.linger_seconds, batch_size=args.batch_size,

@@ -122,6 +122,11 @@ class Endpoint:
         host = f"[{host}]" if ":" in host else host
         return f"{self.scheme}://{host}:{self.port}/metrics"
 
+    @property
+    def page_url(self) -> str:
+        """The live page (mfotel.ui), when it is on."""
+        return self.url[:-len("metrics")]
+
 
 class Telemetry:
     """Owns the MeterProviders, the Prometheus registries and HTTP endpoint, and OTLP push.
@@ -148,6 +153,7 @@ class Telemetry:
         self.endpoint: Endpoint | None = None
         self._otlp: OtlpPush | None = None
         self.app: CachedMetricsApp | None = None
+        self.extra_routes: dict[str, WsgiApp] = {}  # documented paths beside /metrics (mfotel.ui)
         self.web = self._web_config()
 
     def _web_config(self) -> WebConfig | None:
@@ -157,6 +163,11 @@ class Telemetry:
         if prom.certfile:
             return certificate_files(prom.certfile, prom.keyfile or "", self.cfg.source)
         return None
+
+    @property
+    def cert_file(self) -> str | None:
+        """The endpoint's TLS certificate (None: plain HTTP)."""
+        return self.web.tls.cert_file if self.web is not None and self.web.tls else None
 
     @property
     def port(self) -> int:
@@ -227,7 +238,7 @@ class Telemetry:
     def routes(self) -> dict[str, WsgiApp]:
         """The documented paths of the endpoint; every other path answers 404."""
         assert self.app is not None
-        return {"/metrics": self.app}
+        return {"/metrics": self.app, **self.extra_routes}
 
     def wait_scraped(self, timeout: float) -> bool:
         """Block until a scrape has served the current values, or `timeout` seconds pass."""

@@ -2,6 +2,7 @@
 # Install what mfotel needs into ./.venv (idempotent). Usage: scripts/bootstrap.sh [demo|test]
 #   demo: the package with MindSpore (CPU)
 #   test: everything: mindformers, dev tools, and Debian's prometheus + alertmanager binaries
+#         and chromium (the live page's browser tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-test}"
@@ -25,6 +26,8 @@ if [ "$mode" = "test" ]; then
     missing=()
     command -v promtool >/dev/null || missing+=(prometheus)
     { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null || missing+=(prometheus-alertmanager)
+    # the live page's browser tests: Playwright drives this binary (it never downloads one)
+    [ -x /usr/bin/chromium ] || missing+=(chromium)
     if [ ${#missing[@]} -gt 0 ]; then
         echo "bootstrap: installing Debian packages: ${missing[*]}"
         sudo=""

@@ -14,6 +14,7 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import mfotel, mfotel.cli, mfotel.config, mfotel.telemetry, mfotel.instruments, mfotel.logs.parse
 import mfotel.alerting.rules, mfotel.actions.engine, mfotel.actions.control, mfotel.cluster.discovery, mfotel.alerting.receiver
+import mfotel.ui
 cfg = mfotel.parse_config({"step_interval": 5})
 assert cfg.step_interval == 5
 try:
@@ -36,7 +37,7 @@ def test_core_imports_without_mindspore():
 
 CORE = ("config", "contract", "extract", "instruments", "telemetry", "exposition", "sinks",
         "identity", "webconfig", "cells", "callback", "lifecycle")
-OPTIONAL = ("cluster", "alerting", "actions", "logs", "integrations", "demo", "dashboards")
+OPTIONAL = ("cluster", "alerting", "actions", "logs", "integrations", "demo", "dashboards", "ui")
 
 
 def test_core_never_imports_the_optional_parts():
@@ -54,7 +55,8 @@ def test_core_never_imports_the_optional_parts():
 
 def test_a_run_configured_without_optional_parts_never_loads_them(tmp_path):
     """A real training run with the defaults (endpoint on, no file_sd, actions, OTLP or fast
-    path) loads none of the optional subpackages but the demo that drives it."""
+    path) loads none of the optional subpackages but the demo that drives it and the live page
+    (on by default: `prometheus.ui`)."""
     from mfotel.demo.stack import free_port
     code = ("import sys\n"
             "from mfotel.demo.training import run_demo\n"
@@ -66,4 +68,5 @@ def test_a_run_configured_without_optional_parts_never_loads_them(tmp_path):
     assert done.returncode == 0, done.stderr
     loaded = set(done.stdout.split())
     assert "callback" in loaded
-    assert not loaded & (set(OPTIONAL) - {"demo"}), loaded
+    assert "ui" in loaded
+    assert not loaded & (set(OPTIONAL) - {"demo", "ui"}), loaded

@@ -89,7 +89,7 @@ def test_mindformers_output_dir_reads_info_log_and_monitor_file_side_by_side(
     mf_throughput = [float(m) for m in re.findall(r"([\d.]+) samples/s/p", info.read_text())]
     mf_steps = re.findall(r"step:\[\s*(\d+)/\s*\d+\], loss", info.read_text())
     monitor_lines = monitor.read_text().splitlines()
-    mfotel_throughput = [float(re.search(r"throughput: ([^,]+),", line).group(1))
+    mfotel_throughput = [float(re.search(r"throughput: ([-+.\deE]+)", line).group(1))
                          for line in monitor_lines]
     assert len(mf_steps) == len(mf_throughput) == 20 and len(monitor_lines) == 2
 

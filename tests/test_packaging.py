@@ -190,7 +190,10 @@ def _package_data() -> list[str]:
             "alerting/alertmanager/templates/mfotel.tmpl",
             *(f"dashboards/grafana/dashboards/{n}" for n in DASHBOARD_FILES),
             "dashboards/grafana/provisioning/dashboards/mfotel.yml",
-            "dashboards/grafana/provisioning/datasources/prometheus.yml"]
+            "dashboards/grafana/provisioning/datasources/prometheus.yml",
+            *(f"ui/static/{n}" for n in ("index.html", "app.js", "app.css", "vendor/README.md",
+                                         "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css",
+                                         "vendor/LICENSE.uPlot.txt"))]
 
 
 @pytest.mark.slow

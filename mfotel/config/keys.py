@@ -139,6 +139,12 @@ PROMETHEUS = Section(cls=PrometheusConfig, constraints=(TLS_PAIR,), doc="the /me
                                       doc="TLS handshake + request head, and the response"),
     "auth_failures_per_second": Number(0.0, 1000.0, positive=True, example=1,
                                        doc="failed basic-auth attempts per client, then 429"),
+    "ui": Bool(doc="serve the live page (/) on the same port, behind the same TLS and auth"),
+    "ui_history_points": Int(16, 1_000_000, example=10000,
+                             doc="points of each metric the live page keeps (48 bytes per "
+                                 "point); a longer run is thinned evenly, never cut"),
+    "ui_overview_rank": Optional(inner=Int(0, example=0),
+                                 doc="the rank whose live page shows every rank; null: none"),
 })
 OTLP = Section(cls=OtlpConfig, doc="push to an OpenTelemetry Collector (OTLP/HTTP)", keys={
     "endpoint": Optional(inner=OTLP_ENDPOINT, doc=OTLP_ENDPOINT.doc),

@@ -55,6 +55,10 @@ class PrometheusConfig:
     max_connections: int = 100             # open connections; the oldest idle one makes room
     request_timeout_seconds: float = 10.0  # TLS handshake + request head, and the response
     auth_failures_per_second: float = 1.0  # failed basic-auth attempts per client (then 429)
+    # the live page (mfotel.ui) on the same port, behind the same TLS and basic auth
+    ui: bool = True
+    ui_history_points: int = 10_000   # 48 bytes each; beyond, the run is thinned evenly
+    ui_overview_rank: int | None = 0  # the rank whose page shows every rank; None: none
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,66 @@
+"""The live page: a rank's run in a browser, served on its /metrics port (README, Live page).
+
+    page = live_page(cfg, identity, "llama7b", instruments.state, telemetry.cert_file)
+    telemetry.extra_routes.update(page.routes())   # before telemetry.serve()
+    page.history.append(step, values)              # the callback, at each record
+
+Loaded by the callback only when `prometheus.ui` is on and the endpoint is served.
+"""
+from __future__ import annotations
+
+import ssl
+
+from ..config import MonitorConfig
+from ..identity import RankIdentity
+from ..instruments import TrainState
+from .app import LivePage
+from .history import History
+from .overview import Overview, rank_addresses
+
+__all__ = ["History", "LivePage", "Overview", "live_page", "rank_addresses"]
+
+
+def _peer_tls(cert_file: str | None) -> ssl.SSLContext | None:
+    """Trust for the other ranks' HTTPS pages: the system's CAs and this rank's own
+    certificate (the usual case: one certificate in the job's shared web-config)."""
+    if not cert_file:
+        return None
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cafile=cert_file)
+    except (OSError, ssl.SSLError):
+        pass  # not a CA certificate: the system's CAs may still vouch for the ranks
+    return context
+
+
+def live_page(cfg: MonitorConfig, identity: RankIdentity, job_name: str, state: TrainState,
+              cert_file: str | None = None) -> LivePage:
+    """The page of this rank, with the overview of all ranks on `prometheus.ui_overview_rank`.
+
+    `cert_file`: the endpoint's TLS certificate (None: plain HTTP), which the other ranks
+    are expected to share."""
+    prom = cfg.prometheus
+    scheme = "https" if cert_file else "http"
+    history = History(prom.ui_history_points)
+    info = {"job_name": job_name, "rank": identity.rank, "world_size": identity.world_size,
+            "local_rank": identity.local_rank, "node": identity.node,
+            "metrics": list(cfg.metrics), "step_interval": cfg.step_interval,
+            "overview_rank": prom.ui_overview_rank}
+    overview_rank = prom.ui_overview_rank
+
+    def peers():  # read again at every refresh: per-rank target files appear as ranks start
+        return rank_addresses(cfg, identity, job_name, scheme)
+    if overview_rank is None:
+        return LivePage(history, state, info, overview_note="no overview of the ranks: "
+                        "monitor_config.prometheus.ui_overview_rank is null")
+    if overview_rank >= identity.world_size:
+        return LivePage(history, state, info, overview_note=f"no overview of the ranks: "
+                        f"ui_overview_rank {overview_rank} is not a rank of this job of "
+                        f"{identity.world_size}")
+    if identity.rank == overview_rank:
+        return LivePage(history, state, info, overview=Overview(peers, identity.rank,
+                                                               _peer_tls(cert_file)))
+    return LivePage(history, state, info,
+                    overview_note=f"the overview of all ranks is on rank {overview_rank}",
+                    overview_url=peers().urls.get(overview_rank))
+
