@@ -12,6 +12,7 @@ from .alerting.receiver import add_alerts_receiver_command
 from .config import ConfigError, describe, load_config, read_yaml
 from .actions.control import add_control_command
 from .cluster.discovery import add_targets_command
+from .cluster.simulation.run import add_simulate_command
 from .contract import SEED_METRICS
 from .logs.cli import add_log_commands
 from .alerting.rules import add_rules_command
@@ -164,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_log_commands(sub)
     add_control_command(sub)
     add_targets_command(sub)
+    add_simulate_command(sub)
 
     dashboards = sub.add_parser("dashboards", help="generate the Grafana dashboards JSON")
     dashboards.add_argument("--out", default="grafana/dashboards")

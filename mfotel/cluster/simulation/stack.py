@@ -1,0 +1,169 @@
+"""The monitoring side of a simulation: the shipped Prometheus and Alertmanager configs on
+loopback, and what Prometheus says about itself (memory, series, rule evaluation time).
+
+Only what a loopback run needs is changed: Prometheus keeps the shipped `file_sd` scrape job
+(pointed at the simulation's target file) and rule files (generated with the run's
+`RulesConfig`), at the run's scrape/evaluation interval; Alertmanager keeps its routes,
+`group_wait`s and inhibitions, only the webhook URLs point at a local receiver.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from ...alerting.rules import RulesConfig, write_rules
+from ...demo.alerting import AlertingStack, duration_seconds
+from ...demo.stack import Alertmanager, Prometheus
+
+FILE_SD_JOB = "mindformers-file-sd"
+_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')
+
+
+# ---------------------------------------------------------------- configs
+def prometheus_config(text: str, file_sd: str | Path, alertmanager: str, interval: float,
+                      rule_files: Sequence[str]) -> str:
+    """The shipped prometheus.yml: its file_sd job on `file_sd`, at `interval` seconds."""
+    config = yaml.safe_load(text)
+    every = f"{interval:g}s"
+    config["global"].update(scrape_interval=every, evaluation_interval=every,
+                            scrape_timeout=f"{min(interval, 10):g}s")
+    config["rule_files"] = list(rule_files)
+    config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == FILE_SD_JOB)
+    job["file_sd_configs"] = [{"files": [str(file_sd)], "refresh_interval": "30s"}]
+    config["scrape_configs"] = [job]
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def alertmanager_config(text: str, webhook_url: str) -> str:
+    """The shipped alertmanager.yml with every webhook sent to `webhook_url`, nothing else."""
+    config = yaml.safe_load(text)
+    for receiver in config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = webhook_url
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def _route_matches(route: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    for text in route.get("matchers", []):
+        match = _MATCHER.match(text)
+        if match is None:
+            raise ValueError(f"cannot read Alertmanager matcher {text!r}")
+        name, op, value = match.groups()
+        actual = labels.get(name, "")
+        hit = re.fullmatch(value, actual) is not None if "~" in op else actual == value
+        if hit == op.startswith("!"):
+            return False
+    return (all(labels.get(k, "") == v for k, v in route.get("match", {}).items())
+            and all(re.fullmatch(v, labels.get(k, "")) for k, v in route.get("match_re", {}).items()))
+
+
+def route_setting(config: Mapping[str, Any], labels: Mapping[str, str], key: str,
+                  default: str) -> float:
+    """Seconds of a route setting (`group_wait`, `group_interval`) for an alert's labels: the
+    first matching child route at each level wins, children inherit from their parent."""
+    route, value = config["route"], config["route"].get(key, default)
+    while True:
+        child = next((r for r in route.get("routes", []) if _route_matches(r, labels)), None)
+        if child is None:
+            return duration_seconds(value)
+        route, value = child, child.get(key, value)
+
+
+# ---------------------------------------------------------------- the stack
+class SimStack(AlertingStack):
+    """Receiver + Alertmanager + Prometheus on 127.0.0.1 with the shipped configs, the ranks
+    found through `file_sd` (a glob of target files).
+
+        with SimStack(workdir, workdir / "targets/*.json", 5.0, RulesConfig()) as stack:
+            stack.prometheus.query("up")
+    """
+
+    def __init__(self, workdir: Path, file_sd: Path, interval: float, rules: RulesConfig) -> None:
+        super().__init__(targets=[], interval_seconds=interval, out=None, workdir=workdir)
+        self.file_sd, self.interval_seconds, self.rules = file_sd, interval, rules
+        self.am_config = yaml.safe_load(self.files["alertmanager"].read_text())
+
+    def group_wait(self, labels: Mapping[str, str]) -> float:
+        return route_setting(self.am_config, labels, "group_wait", "30s")
+
+    def start(self) -> "SimStack":
+        try:
+            self.receiver.start()
+            am_dir = self.workdir / "alertmanager"
+            templates = self.files["alertmanager"].parent / "templates"
+            if templates.is_dir():
+                shutil.copytree(templates, am_dir / "templates", dirs_exist_ok=True)
+            self.alertmanager = Alertmanager(
+                alertmanager_config(self.files["alertmanager"].read_text(), self.receiver.url),
+                workdir=am_dir).start()
+            rule_files = write_rules(self.workdir / "prometheus", self.rules)
+            self.prometheus = Prometheus(
+                prometheus_config(self.files["prometheus"].read_text(), self.file_sd,
+                                  f"127.0.0.1:{self.alertmanager.port}", self.interval_seconds,
+                                  [p.name for p in rule_files]),
+                workdir=self.workdir / "prometheus").start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+
+# ---------------------------------------------------------------- Prometheus about itself
+@dataclass
+class PrometheusProbe:
+    """Samples Prometheus' own /metrics and its process's resident memory during a run."""
+
+    prometheus: Prometheus
+    samples: list[dict[str, float]] = field(default_factory=list)
+
+    def sample(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"{self.prometheus.url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        found: dict[str, float] = {"time": time.time()}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name in ("process_resident_memory_bytes", "prometheus_tsdb_head_series",
+                              "go_memstats_heap_inuse_bytes", "prometheus_tsdb_head_chunks"):
+                    found[s.name] = s.value
+                elif s.name == "prometheus_rule_group_last_duration_seconds":
+                    found["rule_group:" + s.labels["rule_group"].split(";")[-1]] = s.value
+                elif s.name == "prometheus_rule_group_iterations_missed_total":
+                    found["missed_iterations"] = found.get("missed_iterations", 0) + s.value
+        process = self.prometheus.process
+        if process is not None:
+            found["peak_rss_bytes"] = _peak_rss(process.pid)
+        self.samples.append(found)
+        return found
+
+    def summary(self, last: int = 6) -> dict[str, float]:
+        """The latest values; rule-group durations as the median and max of the last samples."""
+        if not self.samples:
+            return {}
+        latest, recent = dict(self.samples[-1]), self.samples[-last:]
+        for key in [k for k in latest if k.startswith("rule_group:")]:
+            values = [s[key] for s in recent if key in s]
+            latest[key] = statistics.median(values)
+            latest[key.replace("rule_group:", "rule_group_max:")] = max(values)
+        latest["peak_rss_bytes"] = max(s.get("peak_rss_bytes", 0) for s in self.samples)
+        return latest
+
+
+def _peak_rss(pid: int) -> float:
+    """VmHWM of a Linux process (bytes), 0 where /proc cannot tell."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
