@@ -126,6 +126,13 @@ RANKS = "job_name:mindformers_train_ranks:count"
 STRAGGLER_SCORE = "job_name_rank:mindformers_train_straggler_score:ratio1m"
 RANKS_REPORTING = "job_name:mindformers_train_ranks_reporting:count"
 STEPS_BEHIND = "job_name_rank:mindformers_train_step:behind_leader"
+# For many ranks (docs/scaling.md): the job's bucket rates once (the three quantiles read
+# them, instead of each summing 16 buckets of every rank again), the per-rank p99 a panel
+# would otherwise compute at every point of its range, export errors summed over ranks.
+STEP_BUCKET_RATE = "job_name:mindformers_train_step_duration_seconds_bucket:rate1m"
+STEP_RANK_QUANTILE = "job_name_rank:mindformers_train_step_duration_seconds:quantile1m"
+RANK_QUANTILES = ("0.99",)
+EXPORT_ERRORS = "job_name_stage:mfotel_export_errors:increase1m"
 
 
 def step_interval_record(cfg: RulesConfig) -> str:
@@ -159,10 +166,15 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": STEP_MEAN,
          "expr": (f"sum by (job_name, rank) (rate({m(dur + '_sum')}[1m]))\n"
                   f"/\nsum by (job_name, rank) (rate({m(dur + '_count')}[1m]))")},
-        *({"record": STEP_QUANTILE,
-           "expr": f"histogram_quantile({q}, sum by (job_name, le) "
-                   f"(rate({m(dur + '_bucket')}[1m])))",
+        {"record": STEP_BUCKET_RATE,
+         "expr": f"sum by (job_name, le) (rate({m(dur + '_bucket')}[1m]))"},
+        *({"record": STEP_QUANTILE, "expr": f"histogram_quantile({q}, {STEP_BUCKET_RATE})",
            "labels": {"quantile": q}} for q in STEP_QUANTILES),
+        # `>= 0` drops the NaN of ranks with only the +Inf bucket (cardinality health)
+        *({"record": STEP_RANK_QUANTILE,
+           "expr": f"histogram_quantile({q}, sum by (job_name, rank, le) "
+                   f"(rate({m(dur + '_bucket')}[1m])))\n>= 0",
+           "labels": {"quantile": q}} for q in RANK_QUANTILES),
         {"record": STEP_RANK_MEDIAN, "expr": f"quantile by (job_name) (0.5, {STEP_MEAN})"},
         {"record": STEP_RANK_SPREAD,
          "expr": f"max by (job_name) ({STEP_MEAN})\n/\nmin by (job_name) ({STEP_MEAN})"},
@@ -195,10 +207,15 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": loss_median_record(cfg),
          "expr": f"quantile by (job_name) (0.5, {loss_mean_record(cfg)})"},
     ]
+    exporter = [
+        {"record": EXPORT_ERRORS,
+         "expr": f"sum by (job_name, stage) (increase({m('mfotel_export_errors_total')}[1m]))"},
+    ]
     return [{"name": "mindformers-throughput.rules", "rules": throughput},
             {"name": "mindformers-step-time.rules", "rules": step_time},
             {"name": "mindformers-ranks.rules", "rules": ranks},
-            {"name": "mindformers-loss.rules", "rules": loss}]
+            {"name": "mindformers-loss.rules", "rules": loss},
+            {"name": "mfotel-exporter.rules", "rules": exporter}]
 
 
 # ---------------------------------------------------------------- alerting rules
