@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +32,15 @@ from mfotel.demo.stack import http_get_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "grafana" / "dashboards"
-#: Grafana's step for the dashboards' default range (now-3h) on a ~1000 px panel, at the
-#: data source's usual minimum interval: 3h / 1000 = 10.8 s -> 15 s.
-GRAFANA_STEP = 15.0
+#: A dashboard panel over the default range (now-3h) asks for about 720 points (Grafana's
+#: step for 3h on a ~1000 px panel is 10.8 s, raised to a 15 s minimum interval). The run has
+#: minutes of data, so the range queries ask for 720 points across what there is: each point
+#: costs what it would in a 3-hour panel (its [1m] windows hold the same samples).
+POINTS = 720
 
 
 def _count_series(body: str) -> int:
     return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
-
-
-def _scrape(url: str) -> str:
-    import urllib.request
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode()
 
 
 def rank_urls(sim: Simulation, job: str, ranks: tuple[int, ...]) -> list[str]:
@@ -61,7 +58,7 @@ def _query_seconds(base: str, path: str, params: dict[str, str], repeats: int = 
     times, count = [], 0
     for _ in range(repeats):
         started = time.perf_counter()
-        data = http_get_json(url, timeout=60)
+        data = http_get_json(url, timeout=120)
         times.append(time.perf_counter() - started)
         if data.get("status") != "success":
             raise RuntimeError(f"{params['query']!r}: {data}")
@@ -70,125 +67,161 @@ def _query_seconds(base: str, path: str, params: dict[str, str], repeats: int = 
 
 
 def time_dashboards(base: str, start: float, end: float, job: str) -> list[dict[str, Any]]:
-    """Every panel query of the checked-in dashboards, for all jobs and for one job: instant
-    queries as instant queries, the others as range queries over [start, end] at Grafana's
-    step."""
+    """Every panel and annotation query of the checked-in dashboards, over all jobs and over
+    one job (every rank): instant queries at `end`, the others as POINTS-point range queries
+    over [start, end]."""
     rows = []
+    step = (end - start) / POINTS
     for path in sorted(DASHBOARDS.glob("*.json")):
         for query in dashboard_queries(json.loads(path.read_text())):
             if query.origin == "variable":
                 continue
             row: dict[str, Any] = {"dashboard": query.dashboard, "panel": query.title,
-                                   "instant": query.instant}
+                                   "instant": query.instant, "expr": query.expr}
             for scope, jobs in (("all", ALL), ("job", [job])):
                 expr = substitute(query.expr, {"job_name": jobs, "rank": ALL},
-                                  rate_interval="1m", interval=f"{GRAFANA_STEP:g}s", range_="3h")
+                                  rate_interval="1m", interval="15s", range_="3h")
                 if query.instant:
-                    seconds, series = _query_seconds(base, "query", {"query": expr, "time": f"{end:.3f}"})
+                    params = {"query": expr, "time": f"{end:.3f}"}
+                    seconds, series = _query_seconds(base, "query", params)
                 else:
-                    seconds, series = _query_seconds(base, "query_range", {
-                        "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                        "step": f"{GRAFANA_STEP:g}"})
+                    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                              "step": f"{step:.3f}"}
+                    seconds, series = _query_seconds(base, "query_range", params)
                 row[f"{scope}_seconds"], row[f"{scope}_series"] = seconds, series
             rows.append(row)
     return rows
 
 
-def measure(size: int, cardinality: str, dashboards: bool, interval: float) -> dict[str, Any]:
+def _scalar(prom: Any, expr: str) -> float | None:
+    result = prom.query(expr)
+    return float(result[0]["value"][1]) if result else None
+
+
+def measure(size: int, cardinality: str, dashboards: bool, interval: float,
+            hold_seconds: float = 0.0) -> dict[str, Any]:
     found: dict[str, Any] = {"ranks": size, "cardinality": cardinality}
 
     def during(sim: Simulation, stack: SimStack | None) -> None:
         assert stack is not None and stack.prometheus is not None
-        prom = stack.prometheus
+        prom = stack.shipped or stack.prometheus
         main = sim.jobs[0].name
         bodies = [_scrape(url) for url in rank_urls(sim, main, (0, 1))]
         found["series_rank0"], found["series_rank1"] = map(_count_series, bodies)
         found["bytes_rank0"] = len(bodies[0].encode())
-        exposed = prom.query('sum(scrape_samples_scraped{job="mindformers-file-sd"})')
-        found["series_exposed_total"] = float(exposed[0]["value"][1]) if exposed else 0
-        for name, expr in (("scrape_seconds_avg", "avg(scrape_duration_seconds)"),
-                           ("scrape_seconds_max", "max(scrape_duration_seconds)"),
-                           ("targets_up", 'sum(up{job="mindformers-file-sd"})')):
-            result = prom.query(expr)
-            found[name] = float(result[0]["value"][1]) if result else None
+        found["series_exposed_total"] = _scalar(
+            prom, 'sum(scrape_samples_scraped{job="mindformers-file-sd"})')
+        found["scrape_seconds_avg"] = _scalar(prom, "avg(scrape_duration_seconds)")
+        found["scrape_seconds_max"] = _scalar(prom, "max(scrape_duration_seconds)")
+        found["targets_up"] = _scalar(prom, 'sum(up{job="mindformers-file-sd"})')
         if dashboards:
             found["dashboards"] = time_dashboards(prom.url, sim.start_time, time.time(), main)
 
     settings = SimSettings(ranks=size, cardinality=cardinality, with_stack=True,
-                           interval=interval, during_run=during,
+                           shipped_cost=True, interval=interval, during_run=during,
+                           extra_seconds=hold_seconds,
                            on_progress=lambda text: print(f"  [{size} {cardinality}] {text}",
                                                           file=sys.stderr, flush=True))
     started = time.monotonic()
     result = run_simulation(settings)
     found["wall_seconds"] = time.monotonic() - started
-    found["prometheus"] = result.prometheus
+    found["run_seconds"] = result.fault_time - result.start_time + (
+        max((c.expected.deadline for c in result.checks), default=0))
+    found["checks_prometheus"] = result.prometheus
+    found["prometheus"] = result.shipped_prometheus
     found["pages"] = {"expected": len(result.checks),
                       "once_in_time": sum(c.ok for c in result.checks),
                       "missed": sum(c.firings == 0 for c in result.checks),
                       "false": len(result.unexpected),
-                      "max_delay_over_deadline": max(
-                          (c.delay / c.expected.deadline for c in result.checks if c.delay), default=0)}
+                      "delays": {f"{c.expected.alertname} {c.expected.job_name}": round(c.delay, 1)
+                                 for c in result.checks if c.delay is not None}}
+    found["trend"] = result.extra.get("trend", [])
+    found["workers"] = len(result.workers)
     found["worker_rss_bytes"] = sum(w["peak_rss_bytes"] for w in result.workers)
+    found["worker_rank_rss_bytes"] = sum(w["peak_rss_bytes"] - w["base_rss_bytes"]
+                                         for w in result.workers)
     found["worker_cpu_seconds"] = sum(w["cpu_seconds"] for w in result.workers)
     found["export_errors"] = sum(w["export_errors"] for w in result.workers)
     found["ok"] = result.ok
     return found
 
 
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
 def _mb(value: float) -> str:
     return f"{value / 2**20:.0f} MB"
 
 
+def _evaluation(p: dict[str, float], prefix: str = "group:") -> float:
+    return sum(v for k, v in p.items() if k.startswith(prefix))
+
+
 def report(runs: list[dict[str, Any]]) -> None:
     base = runs[0]
-    print("\n## Series and Prometheus at each size (one run each)\n")
-    print("| ranks | level | series/rank (rank 0 / 1) | exposed total | head series | "
-          "Prometheus RSS (peak) | RSS/head series | rule groups, sum of median (max) | "
-          "scrape avg/max | pages once in time | missed | false |")
+    print("\n## Series, Prometheus memory and rule evaluation at each size\n")
+    print("Prometheus with the shipped prometheus.yml (15 s) and rules; alert checks on a second "
+          "one at the simulation's interval with shortened `for:`s.\n")
+    print("| ranks | level | series/rank (rank 0 / 1) | exposed | head series | RSS (peak) | "
+          "RSS per head series | rule evaluation, all groups: median (max) | scrape avg/max | "
+          "pages once, in time | missed | false |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
-        p = run["prometheus"]
-        groups = {k: v for k, v in p.items() if k.startswith("rule_group:")}
-        maxima = {k: v for k, v in p.items() if k.startswith("rule_group_max:")}
-        rss = p.get("process_resident_memory_bytes", 0)
-        pages = run["pages"]
+        p, pages = run["prometheus"], run["pages"]
+        rss, head = p.get("process_resident_memory_bytes", 0), p.get("prometheus_tsdb_head_series", 1)
         print(f"| {run['ranks']} | {run['cardinality']} | {run['series_rank0']} / "
-              f"{run['series_rank1']} | {run['series_exposed_total']:.0f} | "
-              f"{p.get('prometheus_tsdb_head_series', 0):.0f} | {_mb(rss)} "
-              f"({_mb(p.get('peak_rss_bytes', 0))}) | "
-              f"{rss / max(p.get('prometheus_tsdb_head_series', 1), 1) / 1024:.1f} KB | "
-              f"{1000 * sum(groups.values()):.0f} ms ({1000 * sum(maxima.values()):.0f} ms) | "
+              f"{run['series_rank1']} | {run['series_exposed_total']:.0f} | {head:.0f} | "
+              f"{_mb(rss)} ({_mb(p.get('peak_rss_bytes', 0))}) | {rss / head / 1024:.1f} KB | "
+              f"{1000 * _evaluation(p):.0f} ms ({1000 * _evaluation(p, 'max_group:'):.0f} ms) | "
               f"{1000 * (run['scrape_seconds_avg'] or 0):.1f}/"
               f"{1000 * (run['scrape_seconds_max'] or 0):.0f} ms | "
               f"{pages['once_in_time']}/{pages['expected']} | {pages['missed']} | {pages['false']} |")
-    print("\nRatios against the first row: ")
+    print("\nRatios against the first row:")
+    b = base["prometheus"]
     for run in runs[1:]:
-        p, b = run["prometheus"], base["prometheus"]
-        rules = lambda q: sum(v for k, v in q.items() if k.startswith("rule_group:"))  # noqa: E731
+        p = run["prometheus"]
         print(f"- {run['ranks']} {run['cardinality']}: ranks x{run['ranks'] / base['ranks']:.0f}, "
               f"head series x{p['prometheus_tsdb_head_series'] / b['prometheus_tsdb_head_series']:.1f}, "
               f"RSS x{p['process_resident_memory_bytes'] / b['process_resident_memory_bytes']:.1f}, "
-              f"rule evaluation x{rules(p) / rules(b):.1f}")
-    print("\n## Rule groups (median of the last samples, ms)\n")
+              f"rule evaluation x{_evaluation(p) / _evaluation(b):.1f}")
+    print("\n## Rule groups, shipped rules (median of the last samples, ms; max in brackets)\n")
     names = sorted({k.split(":", 1)[1] for run in runs for k in run["prometheus"]
-                    if k.startswith("rule_group:")})
+                    if k.startswith("group:")})
     print("| group | " + " | ".join(f"{r['ranks']} {r['cardinality']}" for r in runs) + " |")
     print("|---|" + "---|" * len(runs))
     for name in names:
         print(f"| {name} | " + " | ".join(
-            f"{1000 * r['prometheus'].get('rule_group:' + name, 0):.1f} "
-            f"({1000 * r['prometheus'].get('rule_group_max:' + name, 0):.0f})" for r in runs) + " |")
+            f"{1000 * r['prometheus'].get('group:' + name, 0):.1f} "
+            f"({1000 * r['prometheus'].get('max_group:' + name, 0):.0f})" for r in runs) + " |")
+    largest = max(runs, key=lambda r: (r["ranks"], r["cardinality"] == "full"))
+    rules = sorted(((v, k.split(":", 3)[3]) for k, v in largest["prometheus"].items()
+                    if k.startswith("rule:")), reverse=True)[:10]
+    print(f"\nMost expensive rules at {largest['ranks']} ranks ({largest['cardinality']}): "
+          + ", ".join(f"{name} {1000 * v:.0f} ms" for v, name in rules))
     print("\n## The simulator itself\n")
     for run in runs:
-        print(f"- {run['ranks']} ranks: {_mb(run['worker_rss_bytes'])} peak RSS in its workers "
-              f"({run['worker_rss_bytes'] / run['ranks'] / 1024:.0f} KB per rank), "
-              f"{run['worker_cpu_seconds']:.0f} CPU s over {run['wall_seconds']:.0f} s, "
-              f"{run['export_errors']} export errors")
+        print(f"- {run['ranks']} ranks ({run['cardinality']}): {_mb(run['worker_rss_bytes'])} "
+              f"peak RSS in its {run['workers']} workers, "
+              f"{run['worker_rank_rss_bytes'] / run['ranks'] / 1024:.0f} KB per rank above the "
+              f"interpreter, {run['worker_cpu_seconds']:.0f} CPU s in {run['wall_seconds']:.0f} s, "
+              f"{run['export_errors']} export errors; page delays: {run['pages']['delays']}")
+    for run in runs:
+        if run["trend"] and run["trend"][-1]["seconds"] > 900:
+            print(f"\n## {run['ranks']} ranks ({run['cardinality']}) over time: the [1h] windows "
+                  "of the rules fill\n")
+            print("| minute | rule evaluation, all groups | head series | RSS |")
+            print("|---|---|---|---|")
+            for minute in range(0, int(run["trend"][-1]["seconds"] // 60) + 1, 5):
+                near = [t for t in run["trend"] if minute * 60 <= t["seconds"] < minute * 60 + 60]
+                if near:
+                    print(f"| {minute} | {1000 * statistics.median(t['evaluation_seconds'] for t in near):.0f} ms"
+                          f" | {near[-1]['head_series']:.0f} | {_mb(near[-1]['rss_bytes'])} |")
     for run in runs:
         if "dashboards" in run:
-            print(f"\n## Dashboard queries at {run['ranks']} ranks ({run['cardinality']}): "
-                  f"median of 3; range queries over the run's {run['wall_seconds'] / 60:.0f} "
-                  f"minutes at a {GRAFANA_STEP:g} s step\n")
+            print(f"\n## Dashboard queries at {run['ranks']} ranks ({run['cardinality']}), "
+                  f"median of 3; range queries of {POINTS} points (a 3-hour panel)\n")
             print("| dashboard | panel | kind | all jobs: ms | series | one job: ms | series |")
             print("|---|---|---|---|---|---|---|")
             for row in sorted(run["dashboards"], key=lambda r: -r["all_seconds"]):
@@ -203,17 +236,22 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--health-at", type=int, nargs="*", default=[1024],
                         help="sizes also run at cardinality health")
-    parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--interval", type=float, default=5.0,
+                        help="scrape/evaluation interval of the alert checks' Prometheus")
+    parser.add_argument("--hold-minutes", type=float, default=0.0,
+                        help="keep the largest full run going this much longer (windows fill)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     runs = []
     for size in args.sizes:
-        runs.append(measure(size, "full", size == max(args.sizes), args.interval))
+        largest = size == max(args.sizes)
+        runs.append(measure(size, "full", largest, args.interval,
+                            60 * args.hold_minutes if largest else 0.0))
         if size in args.health_at:
             runs.append(measure(size, "health", False, args.interval))
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
-    print(f"(machine: {os.cpu_count()} cores, shared and loaded; scrape and evaluation every "
+    print(f"(machine: {os.cpu_count()} cores, shared with other jobs; checks' Prometheus every "
           f"{args.interval:g} s)")
     report(runs)
     return 0 if all(run["ok"] for run in runs) else 1

@@ -11,6 +11,7 @@ BENCHMARKS = [
     ("scrape cost and training while scraped", ["scrape.py"]),
     ("memory over 1M steps", ["memory.py"]),
     ("log parsing speed", ["parse_speed.py"]),
+    ("64 to 1024 simulated ranks against a real Prometheus (~25 min)", ["cluster_sim.py"]),
 ]
 
 

@@ -181,7 +181,8 @@ def test_a_simulated_rank_serves_what_a_real_rank_serves():
 def test_a_nan_step_is_exposed_as_the_callback_does():
     cfg = parse_config({**rank_config(SimSettings()),
                         "prometheus": {"host": "127.0.0.1", "port": _free_port()}})
-    spec = RankSpec("sim-nan", 3, 3, 0, 0, 8, 8, "nan", 0.0)
+    spec = RankSpec("sim-nan", rank=3, local_rank=0, node=0, node_rank=0, world_size=8,
+                    ranks_per_node=8, role="nan", skew=0.0)
     sim_rank = SimRank(spec, cfg, "n0", seed=0)
     try:
         sim_rank.step(1, 1001.0, 0.8, 3.0, 1.0, 1e-4, 100, 4, 16)

@@ -9,7 +9,8 @@ Only the training loop is synthetic (`scenario.TrainingModel`, `scenario.JobCloc
 
 JSON lines on stdin/stdout: the worker builds and serves its ranks and prints
 `{"ready": n, "failed": [...]}`, reads `{"start": unix_time}`, runs the scenario until
-`start + duration`, shuts every rank down and prints `{"done": ...}` with its resource use.
+`start + duration` or until its stdin closes (the orchestrator stopped or died), shuts every
+rank down and prints `{"done": ...}` with its resource use.
 """
 from __future__ import annotations
 
@@ -127,8 +128,9 @@ class Worker:
             rank_spec = RankSpec(**item["spec"])
             key = (item["host"], item["port"])
             if key not in configs:   # one config per node, as on a real node
-                configs[key] = parse_config({**spec["monitor_config"], "prometheus": {
-                    "host": item["host"], "port": item["port"],
+                base = spec["monitor_config"]
+                configs[key] = parse_config({**base, "prometheus": {
+                    **base.get("prometheus", {}), "host": item["host"], "port": item["port"],
                     "linger_seconds": self.timing.linger_seconds}}, source="mfotel simulate")
             rank = SimRank(rank_spec, configs[key], item["node_name"], self.seed)
             if not rank.served:
@@ -139,6 +141,7 @@ class Worker:
         self._seq = itertools.count()
         self._lingering: list[threading.Thread] = []
         self._last_steps: dict[str, int] = {}   # job -> steps ended before the fault
+        self.stopped = threading.Event()          # set when the orchestrator goes away
 
     # ------------------------------------------------------------ scheduling
     def at(self, when: float, action: Callable[[], None]) -> None:
@@ -155,11 +158,11 @@ class Worker:
         for rank in self.ranks:
             self._schedule(rank, clocks[rank.spec.job], 1, fault_at)
         end = start + self.duration
-        while self._heap and self._heap[0][0] < end:
+        while self._heap and self._heap[0][0] < end and not self.stopped.is_set():
             when, _, action = self._heap[0]
             delay = when - time.time()
             if delay > 0:
-                time.sleep(min(delay, 0.5))
+                self.stopped.wait(min(delay, 0.5))
                 continue
             heapq.heappop(self._heap)
             action()
@@ -205,8 +208,11 @@ class Worker:
         """Final status, then (on a thread) linger until scraped and shut down."""
         rank.finish(status)
 
-        def linger() -> None:
-            rank.telemetry.wait_scraped(self.timing.linger_seconds)
+        def linger() -> None:   # as OTelMonitor.close
+            if rank.cfg.prometheus.linger_until_scraped:
+                rank.telemetry.wait_scraped(self.timing.linger_seconds)
+            else:
+                self.stopped.wait(self.timing.linger_seconds)
             rank.shutdown()
         thread = threading.Thread(target=linger, name="mfotel-sim-linger", daemon=True)
         thread.start()
@@ -237,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     if not line.strip():
         worker.shutdown()
         return 1
+
+    def watch_parent() -> None:   # stdin closes when the orchestrator stops or dies
+        sys.stdin.read()
+        worker.stopped.set()
+    threading.Thread(target=watch_parent, name="mfotel-sim-parent", daemon=True).start()
     try:
         worker.run(float(json.loads(line)["start"]))
     finally:

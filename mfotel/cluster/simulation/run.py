@@ -12,6 +12,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -67,6 +68,7 @@ class SimSettings:
     interval: float = 5.0           # scrape and evaluation interval (of your Prometheus too)
     rules: Mapping[str, Any] = field(default_factory=lambda: dict(SIM_RULES))
     with_stack: bool = False        # run Prometheus + Alertmanager + receiver on loopback
+    shipped_cost: bool = False      # and a second Prometheus with the shipped rules, measured
     alertmanager_url: str | None = None  # else: check the active alerts of this Alertmanager
     extra_seconds: float = 0.0      # keep running this long after the checks' window
     on_progress: Callable[[str], None] = lambda text: None
@@ -78,12 +80,15 @@ class SimSettings:
 
 # ---------------------------------------------------------------- the ranks
 def rank_config(settings: SimSettings) -> dict[str, Any]:
-    """Every rank's monitor_config (its `prometheus` block is per node): all five seed
-    metrics, sequence length known, rank 0 the metric rank at cardinality health."""
+    """Every rank's monitor_config (host and port are per node): all five seed metrics,
+    sequence length known, rank 0 the metric rank at cardinality health. With two Prometheus
+    servers scraping (`shipped_cost`), ranks linger the full linger_seconds, as the docs say
+    for HA pairs: the first scrape of the final status must not end the linger for both."""
     return {"metrics": list(SEED_METRICS), "step_interval": settings.step_interval,
             "output": {"console": False}, "cardinality": settings.cardinality,
             "metric_ranks": [0], "batch_size": settings.timing.batch_size,
-            "seq_length": settings.timing.seq_length}
+            "seq_length": settings.timing.seq_length,
+            "prometheus": {"linger_until_scraped": not settings.shipped_cost}}
 
 
 class Simulation:
@@ -132,7 +137,9 @@ class Simulation:
             path = self.workdir / f"worker-{index}.json"
             path.write_text(json.dumps({
                 "timing": asdict(self.settings.timing), "ranks": ranks, "monitor_config": config,
-                "seed": self.settings.seed, "duration": self.duration,
+                # the orchestrator stops the workers (closing their stdin) after its checks;
+                # the duration only bounds a worker whose orchestrator hangs
+                "seed": self.settings.seed, "duration": self.duration + 3600,
                 "slow_jobs": [job.name for job in self.jobs if job.fault == "straggler"]}))
             with open(self.workdir / f"worker-{index}.log", "w") as log:
                 self.workers.append(subprocess.Popen(
@@ -184,15 +191,15 @@ class Simulation:
         return self.start_time
 
     def stop(self, timeout: float = 60.0) -> None:
-        for worker in self.workers:
+        """Close the workers' stdin (they stop stepping, shut their ranks down and report)."""
+        for worker, ready in zip(self.workers, self.ready + [{}] * len(self.workers)):
             try:
                 out, _ = worker.communicate(timeout=timeout)
-                self.done += [json.loads(line) for line in out.splitlines() if '"done"' in line]
+                self.done += [{**ready, **json.loads(line)} for line in out.splitlines()
+                              if '"done"' in line]
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.communicate()
-            except ValueError:       # stdin closed already
-                worker.kill()
         self.workers = []
 
 
@@ -304,7 +311,8 @@ class SimResult:
     api_checks: list[PageCheck] = field(default_factory=list)  # Alertmanager's active alerts
     api_unexpected: list[Page] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
-    prometheus: dict[str, float] = field(default_factory=dict)
+    prometheus: dict[str, float] = field(default_factory=dict)           # the checks' Prometheus
+    shipped_prometheus: dict[str, float] = field(default_factory=dict)   # shipped rules/intervals
     firing_in_prometheus: list[dict[str, str]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     checked: bool = True            # False: no Alertmanager to check, `checks` is the schedule
@@ -322,16 +330,17 @@ def run_simulation(settings: SimSettings) -> SimResult:
     workdir = Path(settings.workdir or tempfile.mkdtemp(prefix="mfotel-sim-"))
     workdir.mkdir(parents=True, exist_ok=True)
     file_sd_dir = settings.file_sd_dir or workdir / "targets"
-    stack = SimStack(workdir, file_sd_dir / "*.json", settings.interval,
-                     settings.rules_config()) if settings.with_stack else None
+    stack = SimStack(workdir, file_sd_dir / "*.json", settings.interval, settings.rules_config(),
+                     settings.shipped_cost) if settings.with_stack else None
     am_config = yaml.safe_load(shipped_files()["alertmanager"].read_text())
     sim = Simulation(settings, workdir, stack.group_wait if stack else
                      lambda labels: route_setting(am_config, labels, "group_wait", "30s"))
-    say, probe, poll_url = settings.on_progress, None, settings.alertmanager_url
+    say, probes, poll_url = settings.on_progress, [], settings.alertmanager_url
     try:
         if stack is not None:
             stack.start()
-            probe, poll_url = PrometheusProbe(stack.prometheus), poll_url or stack.alertmanager.url
+            probes = [PrometheusProbe(p) for p in (stack.prometheus, stack.shipped) if p]
+            poll_url = poll_url or stack.alertmanager.url
             say(f"Prometheus {stack.prometheus.url}, Alertmanager {stack.alertmanager.url}, "
                 f"receiver {stack.receiver.url}")
         sim.start()
@@ -346,7 +355,7 @@ def run_simulation(settings: SimSettings) -> SimResult:
             end = start + sim.duration
             while time.time() < end:
                 time.sleep(min(10.0, max(end - time.time(), 0)))
-                if probe is not None:
+                for probe in probes:
                     probe.sample()
             if settings.during_run is not None:
                 settings.during_run(sim, stack)
@@ -360,7 +369,13 @@ def run_simulation(settings: SimSettings) -> SimResult:
                 result.fault_time)
             result.firing_in_prometheus = [r["metric"] for r in stack.prometheus.query(
                 f'ALERTS{{alertstate="firing", job_name=~"{settings.prefix}-.*"}}')]
-            result.prometheus = probe.summary()
+            result.prometheus = probes[0].summary()
+            result.shipped_prometheus = probes[1].summary() if len(probes) > 1 else {}
+            result.extra["trend"] = [   # the last probe's evolution: windows fill over time
+                {"seconds": s["time"] - start, "rss_bytes": s.get("process_resident_memory_bytes"),
+                 "head_series": s.get("prometheus_tsdb_head_series"),
+                 "evaluation_seconds": sum(v for k, v in s.items() if k.startswith("group:"))}
+                for s in probes[-1].samples]
         elif poller is not None:
             result.checks, result.unexpected = result.api_checks, result.api_unexpected
         else:   # nothing to check against: the schedule of what should have paged
@@ -369,9 +384,9 @@ def run_simulation(settings: SimSettings) -> SimResult:
         sim.stop()
         if stack is not None:
             stack.stop()
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
     result.workers = sim.done
-    if own_dir:
-        shutil.rmtree(workdir, ignore_errors=True)
     return result
 
 
@@ -454,7 +469,12 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         on_progress=lambda text: print(f"mfotel simulate: {text}", file=sys.stderr, flush=True))
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)   # unwinds through `finally`: workers and servers stop
+
+
 def run_simulate_command(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         settings = settings_from_args(args)
         settings.rules_config()

@@ -22,22 +22,27 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ...alerting.rules import RulesConfig, write_rules
 from ...demo.alerting import AlertingStack, duration_seconds
-from ...demo.stack import Alertmanager, Prometheus
+from ...demo.stack import Alertmanager, Prometheus, http_get_json
 
 FILE_SD_JOB = "mindformers-file-sd"
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')
 
 
 # ---------------------------------------------------------------- configs
-def prometheus_config(text: str, file_sd: str | Path, alertmanager: str, interval: float,
-                      rule_files: Sequence[str]) -> str:
-    """The shipped prometheus.yml: its file_sd job on `file_sd`, at `interval` seconds."""
+def prometheus_config(text: str, file_sd: str | Path, alertmanager: str | None,
+                      interval: float | None, rule_files: Sequence[str]) -> str:
+    """The shipped prometheus.yml: its file_sd job on `file_sd`, at `interval` seconds (None:
+    the shipped intervals), alerts to `alertmanager` (None: nowhere)."""
     config = yaml.safe_load(text)
-    every = f"{interval:g}s"
-    config["global"].update(scrape_interval=every, evaluation_interval=every,
-                            scrape_timeout=f"{min(interval, 10):g}s")
+    if interval is not None:
+        every = f"{interval:g}s"
+        config["global"].update(scrape_interval=every, evaluation_interval=every,
+                                scrape_timeout=f"{min(interval, 10):g}s")
     config["rule_files"] = list(rule_files)
-    config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
+    if alertmanager is None:
+        del config["alerting"]
+    else:
+        config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
     job = next(j for j in config["scrape_configs"] if j["job_name"] == FILE_SD_JOB)
     job["file_sd_configs"] = [{"files": [str(file_sd)], "refresh_interval": "30s"}]
     config["scrape_configs"] = [job]
@@ -86,12 +91,19 @@ class SimStack(AlertingStack):
 
         with SimStack(workdir, workdir / "targets/*.json", 5.0, RulesConfig()) as stack:
             stack.prometheus.query("up")
+
+    `shipped_cost` adds a second Prometheus with the shipped intervals and rules, alerting
+    nowhere: its memory and rule evaluation time are what a user's Prometheus would spend
+    (the first one runs the simulation's shorter windows).
     """
 
-    def __init__(self, workdir: Path, file_sd: Path, interval: float, rules: RulesConfig) -> None:
+    def __init__(self, workdir: Path, file_sd: Path, interval: float, rules: RulesConfig,
+                 shipped_cost: bool = False) -> None:
         super().__init__(targets=[], interval_seconds=interval, out=None, workdir=workdir)
         self.file_sd, self.interval_seconds, self.rules = file_sd, interval, rules
         self.am_config = yaml.safe_load(self.files["alertmanager"].read_text())
+        self.shipped_cost = shipped_cost
+        self.shipped: Prometheus | None = None
 
     def group_wait(self, labels: Mapping[str, str]) -> float:
         return route_setting(self.am_config, labels, "group_wait", "30s")
@@ -112,16 +124,29 @@ class SimStack(AlertingStack):
                                   f"127.0.0.1:{self.alertmanager.port}", self.interval_seconds,
                                   [p.name for p in rule_files]),
                 workdir=self.workdir / "prometheus").start()
+            if self.shipped_cost:
+                shipped_rules = write_rules(self.workdir / "prometheus-shipped", RulesConfig())
+                self.shipped = Prometheus(
+                    prometheus_config(self.files["prometheus"].read_text(), self.file_sd, None,
+                                      None, [p.name for p in shipped_rules]),
+                    workdir=self.workdir / "prometheus-shipped").start()
         except BaseException:
             self.stop()
             raise
         return self
 
+    def stop(self) -> None:
+        if self.shipped is not None:
+            self.shipped.stop()
+        super().stop()
+
 
 # ---------------------------------------------------------------- Prometheus about itself
 @dataclass
 class PrometheusProbe:
-    """Samples Prometheus' own /metrics and its process's resident memory during a run."""
+    """Samples what a Prometheus says about itself during a run: its memory and head series
+    (/metrics), its resident memory peak (/proc), and each rule's evaluation time (rules API).
+    """
 
     prometheus: Prometheus
     samples: list[dict[str, float]] = field(default_factory=list)
@@ -133,12 +158,15 @@ class PrometheusProbe:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name in ("process_resident_memory_bytes", "prometheus_tsdb_head_series",
-                              "go_memstats_heap_inuse_bytes", "prometheus_tsdb_head_chunks"):
+                              "go_memstats_heap_inuse_bytes"):
                     found[s.name] = s.value
-                elif s.name == "prometheus_rule_group_last_duration_seconds":
-                    found["rule_group:" + s.labels["rule_group"].split(";")[-1]] = s.value
                 elif s.name == "prometheus_rule_group_iterations_missed_total":
                     found["missed_iterations"] = found.get("missed_iterations", 0) + s.value
+        groups = http_get_json(f"{self.prometheus.url}/api/v1/rules", timeout=10)["data"]["groups"]
+        for group in groups:
+            found[f"group:{group['name']}"] = group["evaluationTime"]
+            for index, rule in enumerate(group["rules"]):
+                found[f"rule:{group['name']}:{index}:{rule['name']}"] = rule["evaluationTime"]
         process = self.prometheus.process
         if process is not None:
             found["peak_rss_bytes"] = _peak_rss(process.pid)
@@ -146,14 +174,14 @@ class PrometheusProbe:
         return found
 
     def summary(self, last: int = 6) -> dict[str, float]:
-        """The latest values; rule-group durations as the median and max of the last samples."""
+        """The latest values; evaluation times as the median and max of the last samples."""
         if not self.samples:
             return {}
         latest, recent = dict(self.samples[-1]), self.samples[-last:]
-        for key in [k for k in latest if k.startswith("rule_group:")]:
+        for key in [k for k in latest if k.startswith(("group:", "rule:"))]:
             values = [s[key] for s in recent if key in s]
             latest[key] = statistics.median(values)
-            latest[key.replace("rule_group:", "rule_group_max:")] = max(values)
+            latest["max_" + key] = max(values)
         latest["peak_rss_bytes"] = max(s.get("peak_rss_bytes", 0) for s in self.samples)
         return latest
 
