@@ -11,6 +11,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,9 @@ from mfotel.cluster.simulation.scenario import (STATUS_CANCELLED, JobClock, Rank
 from mfotel.cluster.simulation.stack import alertmanager_config, route_setting
 from mfotel.config import parse_config
 from mfotel.contract import STATUS_FAILED
+from mfotel.cluster.discovery import target_groups, write_target_file
 from mfotel.demo.alerting import shipped_files
+from mfotel.demo.stack import Prometheus, find_binary, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,7 +143,7 @@ def _documented_counts() -> dict[str, int]:
 def _served_series(cardinality: str, rank: int) -> dict[tuple, float]:
     settings = SimSettings(cardinality=cardinality)
     cfg = parse_config({**rank_config(settings),
-                        "prometheus": {"host": "127.0.0.1", "port": _free_port()}})
+                        "prometheus": {"host": "127.0.0.1", "port": free_port()}})
     spec = RankSpec("sim-main", rank, local_rank=0, node=0, node_rank=0, world_size=16,
                     ranks_per_node=8, role="healthy", skew=0.0)
     sim_rank = SimRank(spec, cfg, "sim-node-000", seed=0)
@@ -151,11 +154,6 @@ def _served_series(cardinality: str, rank: int) -> dict[tuple, float]:
         return samples(scrape(sim_rank.telemetry.endpoint.url))
     finally:
         sim_rank.shutdown()
-
-
-def _free_port() -> int:
-    from mfotel.demo.stack import free_port
-    return free_port()
 
 
 def test_a_simulated_rank_serves_what_a_real_rank_serves():
@@ -180,7 +178,7 @@ def test_a_simulated_rank_serves_what_a_real_rank_serves():
 
 def test_a_nan_step_is_exposed_as_the_callback_does():
     cfg = parse_config({**rank_config(SimSettings()),
-                        "prometheus": {"host": "127.0.0.1", "port": _free_port()}})
+                        "prometheus": {"host": "127.0.0.1", "port": free_port()}})
     spec = RankSpec("sim-nan", rank=3, local_rank=0, node=0, node_rank=0, world_size=8,
                     ranks_per_node=8, role="nan", skew=0.0)
     sim_rank = SimRank(spec, cfg, "n0", seed=0)
@@ -234,3 +232,52 @@ def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(
     assert not any(job == "t-complete" for _, job in firing)
     assert result.prometheus["prometheus_tsdb_head_series"] > 32 * 41
     assert result.ok
+
+
+# ---------------------------------------------------------------- past one Prometheus
+SCALE_EXAMPLES = ("shard.yml", "federation.yml", "remote-write.yml")
+
+
+@pytest.mark.parametrize("name", SCALE_EXAMPLES)
+def test_scale_out_examples_are_valid_prometheus_configs(name):
+    promtool = find_binary(("promtool",))
+    assert promtool, "promtool not found on PATH; install it: apt-get install prometheus"
+    done = subprocess.run([promtool, "check", "config", f"examples/prometheus/{name}"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "is valid prometheus config file syntax" in done.stdout
+
+
+def _poll(fetch, timeout: float) -> list:
+    """`fetch()` until it returns something (bounded), else fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = fetch()
+        if found:
+            return found
+        time.sleep(0.2)
+    pytest.fail(f"nothing from {fetch} after {timeout}s")
+
+
+@pytest.mark.slow
+def test_shards_split_the_cluster_by_job_never_a_job_by_rank(tmp_path):
+    """Two real Prometheus servers with examples/prometheus/shard.yml (modulus 2): every job's
+    targets are discovered by exactly one shard, and together they discover every job."""
+    jobs = {f"job-{i}": [f"10.0.{i}.{n}" for n in range(1, 3)] for i in range(8)}
+    for job, hosts in jobs.items():
+        write_target_file(tmp_path / "targets" / f"{job}.json", target_groups(hosts, 8, 9464))
+    shipped = yaml.safe_load((ROOT / "examples" / "prometheus" / "shard.yml").read_text())
+    found: dict[str, set[str]] = {}
+    for shard in ("0", "1"):
+        config = dict(shipped, rule_files=[], alerting={"alertmanagers": []})
+        [job] = config["scrape_configs"]
+        job["file_sd_configs"][0]["files"] = [str(tmp_path / "targets" / "*.json")]
+        job["relabel_configs"][0]["modulus"] = 2
+        job["relabel_configs"][1]["regex"] = shard
+        with Prometheus(yaml.safe_dump(config), workdir=tmp_path / f"shard-{shard}") as prom:
+            targets = _poll(prom.targets, timeout=30)
+        files = [t["discoveredLabels"]["__meta_filepath"] for t in targets]
+        assert all(files.count(f) == 16 for f in files), "a job's 16 ranks are all on one shard"
+        found[shard] = {Path(f).stem for f in files}
+    assert found["0"] | found["1"] == set(jobs) and not found["0"] & found["1"]
+    assert found["0"] and found["1"], "8 jobs over 2 shards: both shards get some"
