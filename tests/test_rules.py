@@ -30,7 +30,7 @@ ALERTMANAGER_YML = ROOT / "alertmanager" / "alertmanager.yml"
 
 #: Alerts about a whole job rather than one rank: their expression aggregates `rank` away, so
 #: their description names job_name only. Keep this list explicit and short.
-JOB_LEVEL_ALERTS = frozenset({"MindFormersRanksMissing"})
+JOB_LEVEL_ALERTS = frozenset({"MindFormersRanksMissing", "MindFormersThroughputDrop"})
 
 INSTALL = {"promtool": "apt-get install prometheus",
            "amtool": "apt-get install prometheus-alertmanager"}

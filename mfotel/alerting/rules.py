@@ -353,16 +353,19 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                f"{cfg.overflow_storm_ratio:.0%}); those updates are skipped."),
     ]
     performance = [
+        # Job-level: the ranks of a data-parallel job step together, so a per-rank alert
+        # raised one alert per rank for one slowdown (a thousand for a 1000-rank job); a
+        # single slow rank is MindFormersStragglerRank / MindFormersStepDrift.
         _alert(cfg, "MindFormersThroughputDrop",
-               f"(\n  rate({steps}[{cfg.throughput_window}])\n  /\n"
-               f"  (rate({steps}[{cfg.throughput_baseline_window}] offset "
-               f"{cfg.throughput_window}) > 0)\n) < {_num(cfg.throughput_drop_ratio)}\n"
-               f"and on (job_name, rank) ({running})",
+               f"(\n  avg by (job_name) (rate({steps}[{cfg.throughput_window}]))\n  /\n"
+               f"  (avg by (job_name) (rate({steps}[{cfg.throughput_baseline_window}] offset "
+               f"{cfg.throughput_window})) > 0)\n) < {_num(cfg.throughput_drop_ratio)}\n"
+               f"and on (job_name) ({RANKS_RUNNING} > 0)",
                cfg.throughput_drop_for, "warning", "Training throughput dropped.",
-               f"The step rate of {_WHO} over the last {cfg.throughput_window} is "
+               f"The step rate of {_JOB} over the last {cfg.throughput_window} is "
                "{{ $value | humanizePercentage }} of its rate over the "
                f"{cfg.throughput_baseline_window} before (threshold "
-               f"{cfg.throughput_drop_ratio:.0%})."),
+               f"{cfg.throughput_drop_ratio:.0%}; mean over its ranks)."),
         _alert(cfg, "MindFormersStragglerRank",
                f"{STEP_MEAN}\n/ on (job_name) group_left ()\n{STEP_RANK_MEDIAN}\n"
                f"> {_num(cfg.straggler_factor)}\n"
