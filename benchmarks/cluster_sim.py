@@ -100,20 +100,28 @@ def _scalar(prom: Any, expr: str) -> float | None:
 
 def measure(size: int, cardinality: str, dashboards: bool, interval: float,
             hold_seconds: float = 0.0) -> dict[str, Any]:
-    found: dict[str, Any] = {"ranks": size, "cardinality": cardinality}
+    found: dict[str, Any] = {"ranks": size, "cardinality": cardinality, "errors": [],
+                             "series_rank0": 0, "series_rank1": 0}
 
     def during(sim: Simulation, stack: SimStack | None) -> None:
+        """Measurements before the ranks stop; a failed one is reported, not fatal."""
         assert stack is not None and stack.prometheus is not None
         prom = stack.shipped or stack.prometheus
         main = sim.jobs[0].name
-        bodies = [_scrape(url) for url in rank_urls(sim, main, (0, 1))]
-        found["series_rank0"], found["series_rank1"] = map(_count_series, bodies)
-        found["bytes_rank0"] = len(bodies[0].encode())
-        found["series_exposed_total"] = _scalar(
-            prom, 'sum(scrape_samples_scraped{job="mindformers-file-sd"})')
-        found["scrape_seconds_avg"] = _scalar(prom, "avg(scrape_duration_seconds)")
-        found["scrape_seconds_max"] = _scalar(prom, "max(scrape_duration_seconds)")
-        found["targets_up"] = _scalar(prom, 'sum(up{job="mindformers-file-sd"})')
+        try:
+            bodies = [_scrape(url) for url in rank_urls(sim, main, (0, 1))]
+            found["series_rank0"], found["series_rank1"] = map(_count_series, bodies)
+        except OSError as error:
+            found["errors"].append(f"scraping ranks 0 and 1: {error}")
+        for key, expr in (
+                ("series_exposed_total", 'sum(scrape_samples_scraped{job="mindformers-file-sd"})'),
+                ("scrape_seconds_avg", "avg(scrape_duration_seconds)"),
+                ("scrape_seconds_max", "max_over_time(max(scrape_duration_seconds)[10m:15s])"),
+                ("targets_down_max", 'max_over_time(sum(1 - up{job="mindformers-file-sd"})[10m:15s])')):
+            try:
+                found[key] = _scalar(prom, expr)
+            except (OSError, RuntimeError) as error:
+                found["errors"].append(f"{expr}: {error}")
         if dashboards:
             found["dashboards"] = time_dashboards(prom.url, sim.start_time, time.time(), main)
 
@@ -147,7 +155,7 @@ def measure(size: int, cardinality: str, dashboards: bool, interval: float,
 
 
 def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=30) as response:
         return response.read().decode()
 
 
@@ -178,6 +186,12 @@ def report(runs: list[dict[str, Any]]) -> None:
               f"{1000 * (run['scrape_seconds_avg'] or 0):.1f}/"
               f"{1000 * (run['scrape_seconds_max'] or 0):.0f} ms | "
               f"{pages['once_in_time']}/{pages['expected']} | {pages['missed']} | {pages['false']} |")
+    for run in runs:
+        for error in run["errors"]:
+            print(f"- {run['ranks']} {run['cardinality']}: measurement failed: {error}")
+        if run.get("targets_down_max"):
+            print(f"- {run['ranks']} {run['cardinality']}: up to {run['targets_down_max']:.0f} "
+                  "targets down at once (ranks that ended, and scrapes that timed out)")
     print("\nRatios against the first row:")
     b = base["prometheus"]
     for run in runs[1:]:
@@ -243,14 +257,14 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     runs = []
-    for size in args.sizes:
-        largest = size == max(args.sizes)
-        runs.append(measure(size, "full", largest, args.interval,
+    plan = [(size, level) for size in args.sizes
+            for level in ("full", "health") if level == "full" or size in args.health_at]
+    for size, level in plan:
+        largest = size == max(args.sizes) and level == "full"
+        runs.append(measure(size, level, largest, args.interval,
                             60 * args.hold_minutes if largest else 0.0))
-        if size in args.health_at:
-            runs.append(measure(size, "health", False, args.interval))
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=1))
+        if args.json:   # after each run: a later failure keeps what was measured
+            args.json.write_text(json.dumps(runs, indent=1))
     print(f"(machine: {os.cpu_count()} cores, shared with other jobs; checks' Prometheus every "
           f"{args.interval:g} s)")
     report(runs)
