@@ -7,6 +7,7 @@ delay, and that nothing else pages.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -20,7 +21,8 @@ import yaml
 from conftest import samples, scrape
 from mfotel.alerting.rules import RulesConfig
 from mfotel.cluster.simulation.ranks import SimRank
-from mfotel.cluster.simulation.run import SIM_RULES, SimSettings, rank_config, run_simulation
+from mfotel.cluster.simulation.run import (SIM_RULES, SimSettings, Simulation, rank_config,
+                                           run_simulation)
 from mfotel.cluster.simulation.scenario import (STATUS_CANCELLED, JobClock, RankSpec, Timing,
                                                 expected_pages, plan_jobs)
 from mfotel.cluster.simulation.stack import alertmanager_config, route_setting
@@ -74,6 +76,27 @@ def test_a_straggler_slows_its_lock_step_job_but_stays_in_step():
     # after the fault: slowest compute (0.8 s x 1.8) + the synchronisation share (0.2 s)
     assert clock.step_end(11) - clock.step_end(10) == pytest.approx(1.64)
     assert clock.last_step_before(110.5) == 10
+
+
+def test_targets_files_list_every_rank_once_per_job(tmp_path):
+    loopback = Simulation(SimSettings(ranks=64, port=20000), tmp_path / "a", lambda labels: 0.0)
+    one_host = Simulation(SimSettings(ranks=64, port=20000, host="0.0.0.0", advertise="sim-host"),
+                          tmp_path / "b", lambda labels: 0.0)
+    for sim in (loopback, one_host):
+        sim.workdir.mkdir(parents=True, exist_ok=True)
+        sim.write_targets()
+    files = {path.stem: json.loads(path.read_text())
+             for path in (tmp_path / "a" / "targets").glob("*.json")}
+    assert set(files) == {job.name for job in loopback.jobs}
+    # one group per node, node k on 127.77.0.1 + k, ports 20000..20007 as on a real node
+    assert files["sim-nan"] == target_groups(["127.77.0.3"], 8, 20000)
+    assert sum(len(g["targets"]) for f in files.values() for g in f) == 64
+    # one address: node k's ranks on ports 20000 + 8k .. 20000 + 8k + 7
+    nan = json.loads((tmp_path / "b" / "targets" / "sim-nan.json").read_text())
+    assert nan == [{"targets": [f"sim-host:{20016 + i}" for i in range(8)], "labels": {}}]
+    every = [t for path in (tmp_path / "b" / "targets").glob("*.json")
+             for g in json.loads(path.read_text()) for t in g["targets"]]
+    assert len(every) == len(set(every)) == 64
 
 
 # ---------------------------------------------------------------- what must page, and when
