@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from mfotel.cluster.simulation.run import SimSettings, Simulation, run_simulation  # noqa: E402
+from mfotel.cluster.simulation.scenario import plan_jobs  # noqa: E402
 from mfotel.cluster.simulation.stack import SimStack  # noqa: E402
 from mfotel.dashboards.queries import ALL, dashboard_queries, substitute  # noqa: E402
 from mfotel.demo.stack import http_get_json  # noqa: E402
@@ -52,17 +53,24 @@ def rank_urls(sim: Simulation, job: str, ranks: tuple[int, ...]) -> list[str]:
     return urls
 
 
-def _query_seconds(base: str, path: str, params: dict[str, str], repeats: int = 3) -> tuple[float, int]:
-    """Median wall seconds of an HTTP API query, and the number of series it returns."""
+def _query_seconds(base: str, path: str, params: dict[str, str],
+                   repeats: int = 3) -> tuple[float | None, int | None]:
+    """Median wall seconds of an HTTP API query and the number of series it returns; a query
+    over 5 s runs once; (None, None) when Prometheus gives up (its 2-minute query timeout)."""
     url = f"{base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
     times, count = [], 0
     for _ in range(repeats):
         started = time.perf_counter()
-        data = http_get_json(url, timeout=120)
+        try:
+            data = http_get_json(url, timeout=180)
+        except OSError:         # 503: the query timed out inside Prometheus
+            return None, None
         times.append(time.perf_counter() - started)
         if data.get("status") != "success":
             raise RuntimeError(f"{params['query']!r}: {data}")
         count = len(data["data"]["result"])
+        if times[-1] > 5:
+            break
     return statistics.median(times), count
 
 
@@ -123,7 +131,10 @@ def measure(size: int, cardinality: str, dashboards: bool, interval: float,
             except (OSError, RuntimeError) as error:
                 found["errors"].append(f"{expr}: {error}")
         if dashboards:
-            found["dashboards"] = time_dashboards(prom.url, sim.start_time, time.time(), main)
+            try:
+                found["dashboards"] = time_dashboards(prom.url, sim.start_time, time.time(), main)
+            except (OSError, RuntimeError) as error:
+                found["errors"].append(f"dashboard queries: {error}")
 
     settings = SimSettings(ranks=size, cardinality=cardinality, with_stack=True,
                            shipped_cost=True, interval=interval, during_run=during,
@@ -173,9 +184,9 @@ def report(runs: list[dict[str, Any]]) -> None:
     print("Prometheus with the shipped prometheus.yml (15 s) and rules; alert checks on a second "
           "one at the simulation's interval with shortened `for:`s.\n")
     print("| ranks | level | series/rank (rank 0 / 1) | exposed | head series | RSS (peak) | "
-          "RSS per head series | rule evaluation, all groups: median (max) | scrape avg/max | "
-          "pages once, in time | missed | false |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "RSS per head series | rule evaluation, all groups: median (max) | Prometheus CPU | "
+          "scrape avg/max | pages once, in time | missed | false |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         p, pages = run["prometheus"], run["pages"]
         rss, head = p.get("process_resident_memory_bytes", 0), p.get("prometheus_tsdb_head_series", 1)
@@ -183,23 +194,31 @@ def report(runs: list[dict[str, Any]]) -> None:
               f"{run['series_rank1']} | {run['series_exposed_total']:.0f} | {head:.0f} | "
               f"{_mb(rss)} ({_mb(p.get('peak_rss_bytes', 0))}) | {rss / head / 1024:.1f} KB | "
               f"{1000 * _evaluation(p):.0f} ms ({1000 * _evaluation(p, 'max_group:'):.0f} ms) | "
+              f"{100 * p.get('cpu_share', 0):.0f}% of a core | "
               f"{1000 * (run['scrape_seconds_avg'] or 0):.1f}/"
               f"{1000 * (run['scrape_seconds_max'] or 0):.0f} ms | "
               f"{pages['once_in_time']}/{pages['expected']} | {pages['missed']} | {pages['false']} |")
     for run in runs:
         for error in run["errors"]:
             print(f"- {run['ranks']} {run['cardinality']}: measurement failed: {error}")
-        if run.get("targets_down_max"):
+        ended = sum(job.world_size if job.fault in ("complete", "cancel") else 1
+                    for job in plan_jobs(run["ranks"]) if job.fault in ("complete", "cancel",
+                                                                        "rank_down"))
+        if (run.get("targets_down_max") or 0) > ended:
             print(f"- {run['ranks']} {run['cardinality']}: up to {run['targets_down_max']:.0f} "
-                  "targets down at once (ranks that ended, and scrapes that timed out)")
-    print("\nRatios against the first row:")
+                  f"targets down at once, {ended} of them ranks that ended: scrapes timed out")
+    print("\nRatios against the first row (and, per added rank: head series, RSS):")
     b = base["prometheus"]
     for run in runs[1:]:
         p = run["prometheus"]
+        ranks = run["ranks"] - base["ranks"] or 1
+        series = p["prometheus_tsdb_head_series"] - b["prometheus_tsdb_head_series"]
+        rss = p["process_resident_memory_bytes"] - b["process_resident_memory_bytes"]
         print(f"- {run['ranks']} {run['cardinality']}: ranks x{run['ranks'] / base['ranks']:.0f}, "
               f"head series x{p['prometheus_tsdb_head_series'] / b['prometheus_tsdb_head_series']:.1f}, "
               f"RSS x{p['process_resident_memory_bytes'] / b['process_resident_memory_bytes']:.1f}, "
-              f"rule evaluation x{_evaluation(p) / _evaluation(b):.1f}")
+              f"rule evaluation x{_evaluation(p) / _evaluation(b):.1f}; per added rank "
+              f"{series / ranks:.0f} head series, {rss / ranks / 1024:.0f} KB")
     print("\n## Rule groups, shipped rules (median of the last samples, ms; max in brackets)\n")
     names = sorted({k.split(":", 1)[1] for run in runs for k in run["prometheus"]
                     if k.startswith("group:")})
@@ -238,11 +257,12 @@ def report(runs: list[dict[str, Any]]) -> None:
                   f"median of 3; range queries of {POINTS} points (a 3-hour panel)\n")
             print("| dashboard | panel | kind | all jobs: ms | series | one job: ms | series |")
             print("|---|---|---|---|---|---|---|")
-            for row in sorted(run["dashboards"], key=lambda r: -r["all_seconds"]):
+            def ms(seconds: float | None) -> str:
+                return "timed out" if seconds is None else f"{1000 * seconds:.0f}"
+            for row in sorted(run["dashboards"], key=lambda r: -(r["all_seconds"] or 1e9)):
                 print(f"| {row['dashboard'].replace('mfotel-', '')} | {row['panel']} | "
-                      f"{'instant' if row['instant'] else 'range'} | "
-                      f"{1000 * row['all_seconds']:.0f} | {row['all_series']} | "
-                      f"{1000 * row['job_seconds']:.0f} | {row['job_series']} |")
+                      f"{'instant' if row['instant'] else 'range'} | {ms(row['all_seconds'])} | "
+                      f"{row['all_series']} | {ms(row['job_seconds'])} | {row['job_series']} |")
 
 
 def main() -> int:

@@ -158,7 +158,7 @@ class PrometheusProbe:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name in ("process_resident_memory_bytes", "prometheus_tsdb_head_series",
-                              "go_memstats_heap_inuse_bytes"):
+                              "go_memstats_heap_inuse_bytes", "process_cpu_seconds_total"):
                     found[s.name] = s.value
                 elif s.name == "prometheus_rule_group_iterations_missed_total":
                     found["missed_iterations"] = found.get("missed_iterations", 0) + s.value
@@ -183,6 +183,12 @@ class PrometheusProbe:
             latest[key] = statistics.median(values)
             latest["max_" + key] = max(values)
         latest["peak_rss_bytes"] = max(s.get("peak_rss_bytes", 0) for s in self.samples)
+        first = self.samples[0]
+        if len(self.samples) > 1 and "process_cpu_seconds_total" in first:
+            # CPU share over the run: unlike evaluation wall times, not inflated by a busy machine
+            latest["cpu_share"] = ((latest["process_cpu_seconds_total"]
+                                    - first["process_cpu_seconds_total"])
+                                   / (latest["time"] - first["time"]))
         return latest
 
 
