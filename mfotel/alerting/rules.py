@@ -133,6 +133,12 @@ STEP_BUCKET_RATE = "job_name:mindformers_train_step_duration_seconds_bucket:rate
 STEP_RANK_QUANTILE = "job_name_rank:mindformers_train_step_duration_seconds:quantile1m"
 RANK_QUANTILES = ("0.99",)
 EXPORT_ERRORS = "job_name_stage:mfotel_export_errors:increase1m"
+# What cluster panels aggregate over every rank at each point of their range: ranks per
+# status value, the job's progress (the slowest rank's), and the slowest rank's identity
+# (rank_info of the lowest straggler score) for joins with device exporters.
+RANKS_BY_STATUS = "job_name_status:mindformers_train_ranks:count"
+JOB_PROGRESS = "job_name:mindformers_train_progress_ratio:min"
+SLOWEST_RANK = "job_name:mindformers_train_rank_info:slowest1m"
 
 
 def step_interval_record(cfg: RulesConfig) -> str:
@@ -181,6 +187,10 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         # 0..1, 1 = the job's fastest rank (the inverse of the spread, per rank)
         {"record": STRAGGLER_SCORE,
          "expr": f"min by (job_name) ({STEP_MEAN})\n/ on (job_name) group_right ()\n{STEP_MEAN}"},
+        {"record": SLOWEST_RANK,
+         "expr": f"max by (job_name, rank, node, device_id, namespace, pod_name) "
+                 f"({m('mindformers_train_rank_info')})\n* on (job_name, rank) group_left ()\n"
+                 f"(bottomk by (job_name) (1, {STRAGGLER_SCORE}) > bool 0)"},
         # Mean seconds between steps over the steps seen in the window. It ignores time after
         # the last step, so a stall does not inflate it (0/0 = NaN once no step is in the window).
         {"record": step_interval_record(cfg),
@@ -199,6 +209,10 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": STEPS_BEHIND,
          "expr": (f"max by (job_name) ({step})\n- on (job_name) group_right ()\n"
                   f"max by (job_name, rank) ({step})")},
+        {"record": RANKS_BY_STATUS,
+         "expr": f"count_values by (job_name) (\"status\", {m('mindformers_train_status')})"},
+        {"record": JOB_PROGRESS,
+         "expr": f"min by (job_name) ({m('mindformers_train_progress_ratio')})"},
     ]
     loss = [
         {"record": loss_mean_record(cfg),
