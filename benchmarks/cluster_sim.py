@@ -241,7 +241,7 @@ def report(runs: list[dict[str, Any]]) -> None:
               f"interpreter, {run['worker_cpu_seconds']:.0f} CPU s in {run['wall_seconds']:.0f} s, "
               f"{run['export_errors']} export errors; page delays: {run['pages']['delays']}")
     for run in runs:
-        if run["trend"] and run["trend"][-1]["seconds"] > 900:
+        if run["trend"] and run["trend"][-1]["seconds"] > 600:
             print(f"\n## {run['ranks']} ranks ({run['cardinality']}) over time: the [1h] windows "
                   "of the rules fill\n")
             print("| minute | rule evaluation, all groups | head series | RSS |")
