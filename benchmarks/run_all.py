@@ -15,6 +15,7 @@ BENCHMARKS = [
     ("NaN step -> page, shipped alerting files", ["paging_latency.py"]),
     ("mfotel check wall time", ["check.py"]),
     ("live page: training with the page watched, its memory", ["live_page.py"]),
+    ("64 to 1024 simulated ranks against a real Prometheus (~25 min)", ["cluster_sim.py"]),
 ]
 
 

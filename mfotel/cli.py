@@ -15,6 +15,7 @@ from .assets import add_asset_commands
 from .config import ConfigError, describe, json_schema
 from .actions.control import add_control_command
 from .cluster.discovery import add_targets_command
+from .cluster.simulation.run import add_simulate_command
 from .contract import SEED_METRICS
 from .logs.cli import add_log_commands
 
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_log_commands(sub)
     add_control_command(sub)
     add_targets_command(sub)
+    add_simulate_command(sub)
 
     return parser
 

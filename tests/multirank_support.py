@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conftest import samples, scrape
-from mfotel.demo.stack import free_port
+from mfotel.demo.stack import free_port, free_port_block  # noqa: F401 (tests import them from here)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "multirank" / "train_dp.py"
@@ -31,22 +30,6 @@ def child_env(**extra: str) -> dict[str, str]:
     env.setdefault("GLOG_v", "3")
     env.update(extra)
     return env
-
-
-def free_port_block(count: int, host: str = "127.0.0.1") -> int:
-    """A base port with `count` consecutive free ports (rank r serves base + r)."""
-    for _ in range(50):
-        base = free_port(host)
-        if base + count - 1 > 65535:
-            continue
-        try:
-            for offset in range(1, count):
-                with socket.socket() as sock:
-                    sock.bind((host, base + offset))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no block of {count} free ports")
 
 
 def msrun_command(args: list[str], master_port: int, log_dir: Path, workers: int = 2) -> list[str]:

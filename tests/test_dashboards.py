@@ -43,6 +43,9 @@ RECORDING_RULES = frozenset({
     "job_name:mindformers_train_step_duration_seconds:rank_spread1m",
     "job_name:mindformers_train_ranks_running:count",
     "job_name_rank:mindformers_train_straggler_score:ratio1m",
+    "job_name_status:mindformers_train_ranks:count",
+    "job_name:mindformers_train_progress_ratio:min",
+    "job_name:mindformers_train_rank_info:slowest1m",
 })
 #: mindformers-native metrics bridged by mfotel when native monitoring is on.
 NATIVE_METRICS = frozenset({
@@ -354,14 +357,14 @@ def test_ranks_now_has_a_loss_finite_column_red_when_not_finite():
 def test_per_rank_series_give_way_to_a_spread_over_many_ranks(name):
     """Readable at 1000 ranks: a time series with a line per rank has it only while at most
     MAX_RANK_LINES ranks are selected, and a sibling query over the ranks beyond that (or it
-    names a bounded number of ranks: topk/bottomk)."""
+    names a bounded number of ranks: topk/bottomk, or the recorded slowest rank of a job)."""
     few, many = f"<= {MAX_RANK_LINES})", f"> {MAX_RANK_LINES})"
     for found in panels(DASHBOARDS[name]):
         if found["type"] not in ("timeseries", "state-timeline"):
             continue
         for query in found["targets"]:
             if "{{rank}}" in query["legendFormat"]:
-                assert few in query["expr"] or re.search(r"\b(topk|bottomk)\b", query["expr"]), \
+                assert few in query["expr"] or re.search(r"\b(topk|bottomk)\b|:slowest1m\b", query["expr"]), \
                     f"{found['title']}: {query['legendFormat']}"
         if any(few in q["expr"] for q in found["targets"]):
             assert any(many in q["expr"] for q in found["targets"]), found["title"]

@@ -30,7 +30,7 @@ ALERTMANAGER_YML = ROOT / "alertmanager" / "alertmanager.yml"
 
 #: Alerts about a whole job rather than one rank: their expression aggregates `rank` away, so
 #: their description names job_name only. Keep this list explicit and short.
-JOB_LEVEL_ALERTS = frozenset({"MindFormersRanksMissing"})
+JOB_LEVEL_ALERTS = frozenset({"MindFormersRanksMissing", "MindFormersThroughputDrop"})
 
 INSTALL = {"promtool": "apt-get install prometheus",
            "amtool": "apt-get install prometheus-alertmanager"}
@@ -285,7 +285,7 @@ def test_rules_group_by_contract_labels_only() -> None:
     # the contract's labels (rank_info's world_size, nonfinite_total's metric, ...) and
     # Prometheus' target and histogram labels
     allowed = set(COMMON_LABELS) | {label for spec in CONTRACT for label in spec.labels} | {
-        "job", "instance", "le"}
+        "job", "instance", "le", "namespace", "pod_name"}   # + rank_info's Kubernetes labels
     for rule in alert_rules() + recording_rules():
         for clause in re.findall(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)", rule["expr"]):
             labels = {label.strip() for label in clause.split(",") if label.strip()}

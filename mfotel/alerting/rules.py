@@ -26,6 +26,14 @@ RECORDING_FILE = "mindformers-recording.yml"
 RUNBOOK_BASE_URL = "https://github.com/mfotel/mfotel/blob/main/prometheus/runbook.md"
 
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds of a Prometheus duration ("1h30m", "90s"); ValueError if it is not one."""
+    if not isinstance(text, str) or not _DURATION.match(text):
+        raise ValueError(f"{text!r} is not a Prometheus duration")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", text))
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,19 @@ RANKS = "job_name:mindformers_train_ranks:count"
 STRAGGLER_SCORE = "job_name_rank:mindformers_train_straggler_score:ratio1m"
 RANKS_REPORTING = "job_name:mindformers_train_ranks_reporting:count"
 STEPS_BEHIND = "job_name_rank:mindformers_train_step:behind_leader"
+# For many ranks (docs/scaling.md): the job's bucket rates once (the three quantiles read
+# them, instead of each summing 16 buckets of every rank again), the per-rank p99 a panel
+# would otherwise compute at every point of its range, export errors summed over ranks.
+STEP_BUCKET_RATE = "job_name:mindformers_train_step_duration_seconds_bucket:rate1m"
+STEP_RANK_QUANTILE = "job_name_rank:mindformers_train_step_duration_seconds:quantile1m"
+RANK_QUANTILES = ("0.99",)
+EXPORT_ERRORS = "job_name_stage:mfotel_export_errors:increase1m"
+# What cluster panels aggregate over every rank at each point of their range: ranks per
+# status value, the job's progress (the slowest rank's), and the slowest rank's identity
+# (rank_info of the lowest straggler score) for joins with device exporters.
+RANKS_BY_STATUS = "job_name_status:mindformers_train_ranks:count"
+JOB_PROGRESS = "job_name:mindformers_train_progress_ratio:min"
+SLOWEST_RANK = "job_name:mindformers_train_rank_info:slowest1m"
 
 
 def step_interval_record(cfg: RulesConfig) -> str:
@@ -166,16 +187,25 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": STEP_MEAN,
          "expr": (f"sum by (job_name, rank) (rate({m(dur + '_sum')}[1m]))\n"
                   f"/\nsum by (job_name, rank) (rate({m(dur + '_count')}[1m]))")},
-        *({"record": STEP_QUANTILE,
-           "expr": f"histogram_quantile({q}, sum by (job_name, le) "
-                   f"(rate({m(dur + '_bucket')}[1m])))",
+        {"record": STEP_BUCKET_RATE,
+         "expr": f"sum by (job_name, le) (rate({m(dur + '_bucket')}[1m]))"},
+        *({"record": STEP_QUANTILE, "expr": f"histogram_quantile({q}, {STEP_BUCKET_RATE})",
            "labels": {"quantile": q}} for q in STEP_QUANTILES),
+        # `>= 0` drops the NaN of ranks with only the +Inf bucket (cardinality health)
+        *({"record": STEP_RANK_QUANTILE,
+           "expr": f"histogram_quantile({q}, sum by (job_name, rank, le) "
+                   f"(rate({m(dur + '_bucket')}[1m])))\n>= 0",
+           "labels": {"quantile": q}} for q in RANK_QUANTILES),
         {"record": STEP_RANK_MEDIAN, "expr": f"quantile by (job_name) (0.5, {STEP_MEAN})"},
         {"record": STEP_RANK_SPREAD,
          "expr": f"max by (job_name) ({STEP_MEAN})\n/\nmin by (job_name) ({STEP_MEAN})"},
         # 0..1, 1 = the job's fastest rank (the inverse of the spread, per rank)
         {"record": STRAGGLER_SCORE,
          "expr": f"min by (job_name) ({STEP_MEAN})\n/ on (job_name) group_right ()\n{STEP_MEAN}"},
+        {"record": SLOWEST_RANK,
+         "expr": f"max by (job_name, rank, node, device_id, namespace, pod_name) "
+                 f"({m('mindformers_train_rank_info')})\n* on (job_name, rank) group_left ()\n"
+                 f"(bottomk by (job_name) (1, {STRAGGLER_SCORE}) > bool 0)"},
         # Mean seconds between steps over the steps seen in the window. It ignores time after
         # the last step, so a stall does not inflate it (0/0 = NaN once no step is in the window).
         {"record": step_interval_record(cfg),
@@ -194,6 +224,10 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": STEPS_BEHIND,
          "expr": (f"max by (job_name) ({step})\n- on (job_name) group_right ()\n"
                   f"max by (job_name, rank) ({step})")},
+        {"record": RANKS_BY_STATUS,
+         "expr": f"count_values by (job_name) (\"status\", {m('mindformers_train_status')})"},
+        {"record": JOB_PROGRESS,
+         "expr": f"min by (job_name) ({m('mindformers_train_progress_ratio')})"},
     ]
     loss = [
         {"record": loss_mean_record(cfg),
@@ -202,10 +236,15 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": loss_median_record(cfg),
          "expr": f"quantile by (job_name) (0.5, {loss_mean_record(cfg)})"},
     ]
+    exporter = [
+        {"record": EXPORT_ERRORS,
+         "expr": f"sum by (job_name, stage) (increase({m('mfotel_export_errors_total')}[1m]))"},
+    ]
     return [{"name": "mindformers-throughput.rules", "rules": throughput},
             {"name": "mindformers-step-time.rules", "rules": step_time},
             {"name": "mindformers-ranks.rules", "rules": ranks},
-            {"name": "mindformers-loss.rules", "rules": loss}]
+            {"name": "mindformers-loss.rules", "rules": loss},
+            {"name": "mfotel-exporter.rules", "rules": exporter}]
 
 
 # ---------------------------------------------------------------- alerting rules
@@ -346,16 +385,19 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                f"{cfg.overflow_storm_ratio:.0%}); those updates are skipped."),
     ]
     performance = [
+        # Job-level: the ranks of a data-parallel job step together, so a per-rank alert
+        # raised one alert per rank for one slowdown (a thousand for a 1000-rank job); a
+        # single slow rank is MindFormersStragglerRank / MindFormersStepDrift.
         _alert(cfg, "MindFormersThroughputDrop",
-               f"(\n  rate({steps}[{cfg.throughput_window}])\n  /\n"
-               f"  (rate({steps}[{cfg.throughput_baseline_window}] offset "
-               f"{cfg.throughput_window}) > 0)\n) < {_num(cfg.throughput_drop_ratio)}\n"
-               f"and on (job_name, rank) ({running})",
+               f"(\n  avg by (job_name) (rate({steps}[{cfg.throughput_window}]))\n  /\n"
+               f"  (avg by (job_name) (rate({steps}[{cfg.throughput_baseline_window}] offset "
+               f"{cfg.throughput_window})) > 0)\n) < {_num(cfg.throughput_drop_ratio)}\n"
+               f"and on (job_name) ({RANKS_RUNNING} > 0)",
                cfg.throughput_drop_for, "warning", "Training throughput dropped.",
-               f"The step rate of {_WHO} over the last {cfg.throughput_window} is "
+               f"The step rate of {_JOB} over the last {cfg.throughput_window} is "
                "{{ $value | humanizePercentage }} of its rate over the "
                f"{cfg.throughput_baseline_window} before (threshold "
-               f"{cfg.throughput_drop_ratio:.0%})."),
+               f"{cfg.throughput_drop_ratio:.0%}; mean over its ranks)."),
         _alert(cfg, "MindFormersStragglerRank",
                f"{STEP_MEAN}\n/ on (job_name) group_left ()\n{STEP_RANK_MEDIAN}\n"
                f"> {_num(cfg.straggler_factor)}\n"

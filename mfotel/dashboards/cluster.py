@@ -12,14 +12,22 @@ _MEAN = "job_name_rank:mindformers_train_step_duration_seconds:mean1m"
 _MEDIAN = "job_name:mindformers_train_step_duration_seconds:rank_median1m"
 _SPREAD = "job_name:mindformers_train_step_duration_seconds:rank_spread1m"
 _SCORE = "job_name_rank:mindformers_train_straggler_score:ratio1m"
+# one series per job (and status): what the panels below would otherwise aggregate over every
+# rank at each point of their range (seconds per query at 1024 ranks, docs/scaling.md)
+_BY_STATUS = "job_name_status:mindformers_train_ranks:count"
+_PROGRESS = "job_name:mindformers_train_progress_ratio:min"
+_SLOWEST = "job_name:mindformers_train_rank_info:slowest1m"
 
 
 def _ranks_in(status: int, title: str, description: str,
               thresholds: tuple[Step, ...]) -> Panel:
-    # `== bool` keeps every rank (0 or 1), so the count is 0 rather than empty.
+    # A job with no rank in `status` has no such count: 0 then, while the job reports.
+    count = sel(_BY_STATUS, f'status="{status}"', rank=False)
     return Panel(title, "none", (Target(
-        f"sum by (job_name) ({sel('mindformers_train_status')} == bool {status})", JOB),),
-        kind="stat", width=6, height=5, description=description, thresholds=thresholds)
+        f"sum by (job_name) ({count}) or 0 * {sel(_PROGRESS, rank=False)}", JOB),),
+        kind="stat", width=6, height=5, thresholds=thresholds,
+        description=description + " All ranks of the job (recording rule; the rank filter "
+                                  "does not apply).")
 
 
 def _per_rank_state(metric: str, worst: Callable[[str], str], texts: tuple[ValueText, ...],
@@ -40,10 +48,7 @@ _JOB_TARGETS = (f"max by (job, instance, job_name) "
 
 def _slowest_rank_device(labels: str, *matchers: str) -> str:
     """rank_info of each job's slowest rank (lowest straggler score), `labels` kept, value 1."""
-    return (f"max by (job_name, rank, {labels}) "
-            f"({sel('mindformers_train_rank_info', *matchers, rank=False)}) "
-            f"* on (job_name, rank) group_left () "
-            f"(bottomk by (job_name) (1, {sel(_SCORE, rank=False)}) > bool 0)")
+    return f"max by (job_name, rank, {labels}) ({sel(_SLOWEST, *matchers, rank=False)})"
 
 
 # NPU-Exporter labels a chip `id` (its physical index, = rank_info's device_id) and, in

@@ -10,6 +10,7 @@ _RATE = "[$__rate_interval]"
 _SAMPLES_PER_S = "suffix: samples/s"
 _TOKENS_PER_S = "suffix: tokens/s"
 _SAMPLES_RULE = "job_name:mindformers_train_samples:rate1m"
+_PROGRESS_RULE = "job_name:mindformers_train_progress_ratio:min"   # the slowest rank's
 _TOKENS_RULE = "job_name:mindformers_train_tokens:rate1m"
 _LOSS_SCALE = "a run that reports its loss scale (mindformers loss-scale training cells)"
 
@@ -21,12 +22,12 @@ progress = Row("Progress", (
     Panel("Epoch", "none", (Target(f"max by (job_name) ({sel('mindformers_train_epoch')})",
                                    JOB),), width=3, thresholds=NEUTRAL, **_STAT),
     Panel("Progress", "percentunit",
-          (Target(f"min by (job_name) ({sel('mindformers_train_progress_ratio')})", JOB),),
+          (Target(sel(_PROGRESS_RULE, rank=False), JOB),),
           width=3, min=0, max=1, thresholds=((None, "blue"), (1, "green")),
           description="Completed fraction of the run (slowest rank).", **_STAT),
     Panel("ETA", "s",
-          (Target(f"max by (job_name) ((1 - {sel('mindformers_train_progress_ratio')}) / "
-                  f"(deriv({sel('mindformers_train_progress_ratio')}{_RATE}) > 0))", JOB),),
+          (Target(f"(1 - {sel(_PROGRESS_RULE, rank=False)}) / "
+                  f"(deriv({sel(_PROGRESS_RULE, rank=False)}{_RATE}) > 0)", JOB),),
           width=3, thresholds=NEUTRAL,
           description="Remaining fraction divided by the recent progress rate (slowest rank). "
                       "Empty once no rank makes progress.", **_STAT),

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import socket
@@ -27,6 +28,35 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    """The first port Linux hands out to outgoing connections (ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def free_port_block(count: int, host: str | None = "127.0.0.1") -> int:
+    """A first port P with P .. P + count - 1 free on `host` (None: every address).
+
+    Picked below the ephemeral range: a port in it that is free now can become the source
+    port of any outgoing connection (a scrape, a test's client) before a rank binds it.
+    """
+    rng, low = random.Random(), 10000
+    high = max(low + count + 1, min(_ephemeral_low(), 65536) - count)
+    for _ in range(200):
+        base = rng.randrange(low, high)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as sock:
+                    sock.bind(("" if host in (None, "0.0.0.0") else host, port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports between {low} and {high}")
 
 
 def find_binary(names: Sequence[str]) -> str | None:

@@ -1,0 +1,267 @@
+"""A worker process serving simulated ranks, each the real per-rank mfotel stack.
+
+Each rank has its own `Telemetry` (MeterProviders, Resource, Prometheus reader, cached
+exposition, HTTP server on its own port) and `Instruments`, exactly as `OTelMonitor` builds
+them at train begin; `SimRank.step` assigns the state `OTelMonitor.on_train_step_end` assigns.
+Only the training loop is synthetic (`scenario.TrainingModel`, `scenario.JobClock`).
+
+    python -m mfotel.cluster.simulation.ranks WORKER.json      # started by `run`
+
+JSON lines on stdin/stdout: the worker builds and serves its ranks and prints
+`{"ready": n, "failed": [...]}`, reads `{"start": unix_time}`, runs the scenario until
+`start + duration` or until its stdin closes (the orchestrator stopped or died), shuts every
+rank down and prints `{"done": ...}` with its resource use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import json
+import math
+import os
+import random
+import resource
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from ...config import MonitorConfig, parse_config
+from ...contract import STATUS_COMPLETED, STATUS_RUNNING
+from ...identity import RankIdentity, RunIdentity
+from ...instruments import Instruments
+from ...telemetry import Telemetry
+from .scenario import STATUS_CANCELLED, JobClock, RankSpec, Timing, TrainingModel
+
+STEPS_PER_EPOCH = 1000
+
+
+class SimRank:
+    """One rank: the real Telemetry + Instruments, serving /metrics on `host:port + local rank`."""
+
+    def __init__(self, spec: RankSpec, cfg: MonitorConfig, node_name: str, seed: int) -> None:
+        self.spec = spec
+        self.export_errors = 0
+        self.instruments: Instruments | None = None
+        identity = RankIdentity(rank=spec.rank, local_rank=spec.local_rank,
+                                world_size=spec.world_size, node=node_name,
+                                device_id=str(spec.local_rank),
+                                local_world_size=spec.ranks_per_node, node_rank=spec.node_rank,
+                                local_rank_source="init")
+        run = RunIdentity(run_id=f"{spec.job}-run")
+        resource_attributes = {**identity.resource_attributes(), **run.resource_attributes()}
+        self.telemetry = Telemetry(dataclasses.replace(cfg, resource_attributes=resource_attributes),
+                                   identity, spec.job, on_error=self._count_error)
+        meter = self.telemetry.start()
+        self.instruments = Instruments(
+            meter, {"job_name": spec.job, "rank": str(spec.rank)}, cfg.metrics,
+            {**identity.labels(), **run.labels()}, self.telemetry.native_meter,
+            cardinality=cfg.cardinality, seed_values=cfg.exports_seed_metrics(spec.rank))
+        self.telemetry.serve(lambda: self.instruments.version,
+                             lambda: self.instruments.native_version)
+        self.cfg = cfg
+        self.rng = random.Random(f"{seed}/{spec.job}/{spec.rank}")
+        self._last_record: tuple[float, int] | None = None  # (wall, samples) at the last record
+
+    def _count_error(self, stage: str) -> None:
+        self.export_errors += 1
+        if self.instruments is not None:
+            self.instruments.count_error(stage)
+
+    @property
+    def served(self) -> bool:
+        return self.telemetry.endpoint is not None
+
+    def step(self, step: int, wall: float, seconds: float, loss: float, grad_norm: float,
+             learning_rate: float, total_steps: int, batch_size: int, seq_length: int) -> None:
+        """The state OTelMonitor assigns at the end of a step (mfotel/callback.py `_step_end`)."""
+        st, inst = self.instruments.state, self.instruments
+        st.status = STATUS_RUNNING
+        if st.start_timestamp is None:   # train begin: just before the first step
+            st.start_timestamp = wall - seconds
+        st.step, st.steps, st.last_step_timestamp = step, st.steps + 1, wall
+        st.epoch = 1 + (step - 1) // STEPS_PER_EPOCH
+        st.progress = min(step / total_steps, 1.0)
+        st.loss_finite = int(math.isfinite(loss))
+        if not st.loss_finite:
+            st.nonfinite["loss"] += 1
+            if st.first_nonfinite_step is None:
+                st.first_nonfinite_step = step
+        if not math.isfinite(grad_norm):
+            st.nonfinite["grad_norm"] += 1
+        inst.record_step_seconds(seconds)
+        st.samples = (st.samples or 0) + batch_size
+        st.tokens = (st.tokens or 0) + batch_size * seq_length
+        if self.cfg.is_record_step(step):
+            for key, value in (("loss", loss), ("learning_rate", learning_rate),
+                               ("grad_norm", grad_norm)):
+                if math.isfinite(value):
+                    setattr(st, key, value)
+            if self._last_record is not None and wall > self._last_record[0]:
+                elapsed = wall - self._last_record[0]
+                st.throughput = (st.samples - self._last_record[1]) / elapsed
+                # a rank is one device: its tokens per second are the device's
+                st.device_tokens = st.throughput * seq_length
+            self._last_record = (wall, st.samples)
+        inst.touch()
+
+    def finish(self, status: int) -> None:
+        """The final status of a rank that ends (OTelMonitor.close before its linger)."""
+        self.instruments.state.status = status
+        self.instruments.touch()
+
+    def shutdown(self) -> None:
+        self.telemetry.shutdown()
+
+
+class Worker:
+    """Runs the scenario for this worker's ranks on one event heap (unix times)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.timing = Timing(**spec["timing"])
+        self.model = TrainingModel()
+        self.duration = float(spec["duration"])
+        self.seed = int(spec["seed"])
+        self.slow_jobs = set(spec["slow_jobs"])   # jobs a straggler slows down, on every worker
+        self.ranks: list[SimRank] = []
+        self.failed: list[str] = []
+        configs: dict[tuple[str, int], MonitorConfig] = {}
+        for item in spec["ranks"]:
+            rank_spec = RankSpec(**item["spec"])
+            key = (item["host"], item["port"])
+            if key not in configs:   # one config per node, as on a real node
+                base = spec["monitor_config"]
+                configs[key] = parse_config({**base, "prometheus": {
+                    **base.get("prometheus", {}), "host": item["host"], "port": item["port"],
+                    "linger_seconds": self.timing.linger_seconds}}, source="mfotel simulate")
+            rank = SimRank(rank_spec, configs[key], item["node_name"], self.seed)
+            if not rank.served:
+                self.failed.append(f"{rank_spec.job} rank {rank_spec.rank}: cannot serve "
+                                   f"{item['host']}:{item['port'] + rank_spec.local_rank}")
+            self.ranks.append(rank)
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._lingering: list[threading.Thread] = []
+        self._last_steps: dict[str, int] = {}   # job -> steps ended before the fault
+        self.stopped = threading.Event()          # set when the orchestrator goes away
+
+    # ------------------------------------------------------------ scheduling
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (when, next(self._seq), action))
+
+    def run(self, start: float) -> None:
+        t = self.timing
+        fault_at = start + t.fault_at
+        clocks = {job: JobClock(start + t.startup_seconds, t,
+                                slow_from=fault_at if job in self.slow_jobs else math.inf)
+                  for job in {rank.spec.job for rank in self.ranks}}
+        for job, clock in clocks.items():
+            self._last_steps[job] = clock.last_step_before(fault_at)
+        for rank in self.ranks:
+            self._schedule(rank, clocks[rank.spec.job], 1, fault_at)
+        end = start + self.duration
+        while self._heap and self._heap[0][0] < end and not self.stopped.is_set():
+            when, _, action = self._heap[0]
+            delay = when - time.time()
+            if delay > 0:
+                self.stopped.wait(min(delay, 0.5))
+                continue
+            heapq.heappop(self._heap)
+            action()
+        for thread in self._lingering:
+            thread.join(timeout=t.linger_seconds + 5)
+
+    def _schedule(self, rank: SimRank, clock: JobClock, step: int, fault_at: float) -> None:
+        """Queue `rank`'s step `step`, or its fault if that comes first."""
+        role = rank.spec.role
+        ends = clock.step_end(step) + rank.spec.skew
+        last = self._last_steps[rank.spec.job]
+        if role == "complete":
+            if step > last:
+                self.at(clock.step_end(last) + rank.spec.skew + 0.01,
+                        lambda: self._finish(rank, STATUS_COMPLETED))
+                return
+        elif ends >= fault_at and role in ("rank_down", "node_stall", "cancel"):
+            if role == "rank_down":      # the process dies: its port closes, no final status
+                self.at(fault_at, rank.shutdown)
+            elif role == "cancel":
+                self.at(fault_at, lambda: self._finish(rank, STATUS_CANCELLED))
+            return                       # node_stall: hangs, endpoint still answering
+
+        def do_step() -> None:
+            total = last if role == "complete" else self.model.total_steps
+            self._step(rank, step, ends, total, fault_at)
+            self._schedule(rank, clock, step + 1, fault_at)
+        self.at(ends, do_step)
+
+    def _step(self, rank: SimRank, step: int, ends: float, total: int, fault_at: float) -> None:
+        t, rng, role = self.timing, rank.rng, rank.spec.role
+        compute = t.step_seconds * t.compute_share * (1 + rng.gauss(0, 0.02))
+        if role == "straggler" and ends >= fault_at:
+            compute *= t.straggler_factor
+        loss = self.model.loss(step, rng.gauss(0, 0.02))
+        grad_norm = self.model.grad_norm(step, rng.gauss(0, 0.05))
+        if role == "nan" and ends >= fault_at:
+            loss = grad_norm = float("nan")
+        rank.step(step, ends, compute, loss, grad_norm, self.model.learning_rate(step), total,
+                  t.batch_size, t.seq_length)
+
+    def _finish(self, rank: SimRank, status: int) -> None:
+        """Final status, then (on a thread) linger until scraped and shut down."""
+        rank.finish(status)
+
+        def linger() -> None:   # as OTelMonitor.close
+            if rank.cfg.prometheus.linger_until_scraped:
+                rank.telemetry.wait_scraped(self.timing.linger_seconds)
+            else:
+                self.stopped.wait(self.timing.linger_seconds)
+            rank.shutdown()
+        thread = threading.Thread(target=linger, name="mfotel-sim-linger", daemon=True)
+        thread.start()
+        self._lingering.append(thread)
+
+    def shutdown(self) -> None:
+        # concurrently: each server's shutdown waits up to its 0.5 s poll interval
+        with ThreadPoolExecutor(max_workers=64) as pool:
+            list(pool.map(SimRank.shutdown, self.ranks))
+
+
+def _usage() -> dict[str, float]:
+    times = os.times()
+    return {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "cpu_seconds": times.user + times.system}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    before = _usage()
+    worker = Worker(spec)
+    built = _usage()
+    print(json.dumps({"ready": sum(r.served for r in worker.ranks), "failed": worker.failed,
+                      "build_rss_bytes": built["peak_rss_bytes"] - before["peak_rss_bytes"],
+                      "base_rss_bytes": before["peak_rss_bytes"]}), flush=True)
+    line = sys.stdin.readline()
+    if not line.strip():
+        worker.shutdown()
+        return 1
+
+    def watch_parent() -> None:   # stdin closes when the orchestrator stops or dies
+        sys.stdin.read()
+        worker.stopped.set()
+    threading.Thread(target=watch_parent, name="mfotel-sim-parent", daemon=True).start()
+    try:
+        worker.run(float(json.loads(line)["start"]))
+    finally:
+        worker.shutdown()
+    done = _usage()
+    print(json.dumps({"done": len(worker.ranks), **done,
+                      "export_errors": sum(r.export_errors for r in worker.ranks)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

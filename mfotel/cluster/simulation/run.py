@@ -1,0 +1,498 @@
+"""`mfotel simulate`: start the worker processes, write the file_sd targets, run the scenario,
+and check what Alertmanager sent against what each fault must cause.
+
+    result = run_simulation(SimSettings(ranks=64, with_stack=True))
+    print(format_report(result))
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import yaml
+
+from ...alerting.rules import RulesConfig, parse_set
+from ...contract import SEED_METRICS
+from ...demo.alerting import shipped_files
+from ...demo.stack import free_port_block
+from ..discovery import target_groups, write_target_file
+from .scenario import (Expected, SimJob, Timing, expected_pages, plan_jobs, quiet_seconds,
+                       rank_specs)
+from .stack import PrometheusProbe, SimStack, route_setting
+
+#: Rule thresholds and `for:` durations of a simulated run: the shipped ones would take
+#: 15 minutes per fault (stall 900 s, straggler 10m). Each is shortened so its alert can fire
+#: within a minute or two of its fault; docs/scaling.md says why the result transfers.
+SIM_RULES: dict[str, Any] = {
+    "stall_seconds": 30, "stall_for": "10s", "rank_down_for": "10s", "ranks_missing_for": "20s",
+    "straggler_for": "30s", "loss_spike_for": "30s", "grad_norm_spike_for": "30s",
+    "loss_divergence_for": "30s", "step_drift_seconds": 30, "step_drift_for": "30s",
+    "throughput_window": "1m", "throughput_baseline_window": "5m", "throughput_drop_for": "30s",
+    "overflow_storm_for": "30s", "failed_lookback": "5m"}
+LOOPBACK_NODES = IPv4Address("127.77.0.1")   # node k listens on 127.77.0.1 + k
+RANKS_PER_WORKER = 256
+
+
+@dataclass
+class SimSettings:
+    ranks: int = 64
+    ranks_per_node: int = 8
+    processes: int = 0              # 0: one per RANKS_PER_WORKER ranks
+    prefix: str = "sim"
+    seed: int = 0
+    cardinality: str = "full"       # monitor_config.cardinality of every rank
+    step_interval: int = 1          # monitor_config.step_interval
+    timing: Timing = field(default_factory=Timing)
+    host: str | None = None         # None: node k on 127.77.0.1 + k; else every node here
+    advertise: str | None = None    # address in the file_sd (default: host)
+    port: int = 0                   # first port of each node (0: a free one)
+    file_sd_dir: Path | None = None  # where each job's targets file goes (default: workdir)
+    workdir: Path | None = None
+    interval: float = 5.0           # scrape and evaluation interval (of your Prometheus too)
+    rules: Mapping[str, Any] = field(default_factory=lambda: dict(SIM_RULES))
+    with_stack: bool = False        # run Prometheus + Alertmanager + receiver on loopback
+    shipped_cost: bool = False      # and a second Prometheus with the shipped rules, measured
+    alertmanager_url: str | None = None  # else: check the active alerts of this Alertmanager
+    extra_seconds: float = 0.0      # keep running this long after the checks' window
+    on_progress: Callable[[str], None] = lambda text: None
+    during_run: Callable[["Simulation", SimStack | None], None] | None = None  # before stopping
+
+    def rules_config(self) -> RulesConfig:
+        return RulesConfig(**self.rules)
+
+
+# ---------------------------------------------------------------- the ranks
+def rank_config(settings: SimSettings) -> dict[str, Any]:
+    """Every rank's monitor_config (host and port are per node): all five seed metrics,
+    sequence length known, rank 0 the metric rank at cardinality health. With two Prometheus
+    servers scraping (`shipped_cost`), ranks linger the full linger_seconds, as the docs say
+    for HA pairs: the first scrape of the final status must not end the linger for both."""
+    return {"metrics": list(SEED_METRICS), "step_interval": settings.step_interval,
+            "output": {"console": False}, "cardinality": settings.cardinality,
+            "metric_ranks": [0], "batch_size": settings.timing.batch_size,
+            "seq_length": settings.timing.seq_length,
+            "prometheus": {"linger_until_scraped": not settings.shipped_cost}}
+
+
+class Simulation:
+    """The worker processes serving every rank, and the job's file_sd files."""
+
+    def __init__(self, settings: SimSettings, workdir: Path,
+                 group_wait: Callable[[Mapping[str, str]], float]) -> None:
+        self.settings, self.workdir = settings, workdir
+        self.jobs = plan_jobs(settings.ranks, settings.ranks_per_node, settings.prefix,
+                              settings.seed)
+        self.specs = rank_specs(self.jobs, settings.seed)
+        self.expected = expected_pages(self.jobs, settings.timing, settings.rules_config(),
+                                       settings.interval, group_wait)
+        self.port = settings.port or free_port_block(settings.ranks_per_node if settings.host is None
+                                                     else settings.ranks, settings.host)
+        self.file_sd_dir = settings.file_sd_dir or workdir / "targets"
+        self.file_sd_dir.mkdir(parents=True, exist_ok=True)
+        self.workers: list[subprocess.Popen] = []
+        self.ready: list[dict[str, Any]] = []
+        self.done: list[dict[str, Any]] = []
+        self.start_time = math.nan
+
+    def address(self, node: int) -> tuple[str, int]:
+        """(bind address, first port) of global node `node`."""
+        if self.settings.host is None:
+            return str(LOOPBACK_NODES + node), self.port
+        return self.settings.host, self.port + node * self.settings.ranks_per_node
+
+    def _advertised(self, node: int) -> str:
+        host, _ = self.address(node)
+        return self.settings.advertise or host
+
+    def start(self) -> None:
+        """Start the workers, wait until every rank serves, write the targets files."""
+        count = self.settings.processes or max(1, -(-len(self.specs) // RANKS_PER_WORKER))
+        nodes = sorted({spec.node for spec in self.specs})
+        shares = [nodes[i::count] for i in range(count)]   # whole nodes per worker
+        config = rank_config(self.settings)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH", "")])}
+        for index, share in enumerate(shares):
+            ranks = [{"spec": asdict(spec), "host": self.address(spec.node)[0],
+                      "port": self.address(spec.node)[1],
+                      "node_name": f"{self.settings.prefix}-node-{spec.node:03d}"}
+                     for spec in self.specs if spec.node in set(share)]
+            path = self.workdir / f"worker-{index}.json"
+            path.write_text(json.dumps({
+                "timing": asdict(self.settings.timing), "ranks": ranks, "monitor_config": config,
+                # the orchestrator stops the workers (closing their stdin) after its checks;
+                # the duration only bounds a worker whose orchestrator hangs
+                "seed": self.settings.seed, "duration": self.duration + 3600,
+                "slow_jobs": [job.name for job in self.jobs if job.fault == "straggler"]}))
+            with open(self.workdir / f"worker-{index}.log", "w") as log:
+                self.workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "mfotel.cluster.simulation.ranks", str(path)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                    stderr=log))
+        for index, worker in enumerate(self.workers):
+            line = worker.stdout.readline()
+            if not line:
+                raise RuntimeError(f"simulation worker {index} exited before serving its ranks:\n"
+                                   + (self.workdir / f"worker-{index}.log").read_text()[-3000:])
+            self.ready.append(json.loads(line))
+        failed = [f for ready in self.ready for f in ready["failed"]]
+        if failed:
+            raise RuntimeError(f"{len(failed)} ranks could not serve /metrics ({failed[0]}, ...); "
+                               "choose a free --port")
+        self.write_targets()
+
+    def write_targets(self) -> None:
+        """One file_sd file per job, as its launcher writes it with `mfotel targets --hosts
+        NODES --ranks-per-node R --port P --out FILE` (the same functions)."""
+        rpn = self.settings.ranks_per_node
+        for job in self.jobs:
+            nodes = range(job.first_node, job.first_node + job.nodes)
+            if self.settings.host is None:
+                groups = target_groups([self._advertised(node) for node in nodes], rpn, self.port)
+            else:   # one address: node k's ranks on ports port + k * ranks_per_node + local
+                groups = [g for node in nodes for g in target_groups(
+                    [self._advertised(node)], rpn, self.address(node)[1])]
+            write_target_file(self.file_sd_dir / f"{job.name}.json", groups)
+
+    @property
+    def duration(self) -> float:
+        return self.settings.timing.fault_at + self.observe_seconds + self.settings.extra_seconds
+
+    @property
+    def observe_seconds(self) -> float:
+        """How long after the faults the checks watch: every deadline, then a quiet period."""
+        s = self.settings
+        quiet = s.timing.linger_seconds + quiet_seconds(s.rules_config(), s.interval)
+        return max([*(e.deadline for e in self.expected), quiet]) + s.interval
+
+    def go(self) -> float:
+        """Start the scenario's clock in every worker; returns its unix start time."""
+        self.start_time = time.time() + 0.5
+        for worker in self.workers:
+            worker.stdin.write(json.dumps({"start": self.start_time}) + "\n")
+            worker.stdin.flush()
+        return self.start_time
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Close the workers' stdin (they stop stepping, shut their ranks down and report)."""
+        for worker, ready in zip(self.workers, self.ready + [{}] * len(self.workers)):
+            try:
+                out, _ = worker.communicate(timeout=timeout)
+                self.done += [{**ready, **json.loads(line)} for line in out.splitlines()
+                              if '"done"' in line]
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.communicate()
+        self.workers = []
+
+
+# ---------------------------------------------------------------- pages
+@dataclass
+class Page:
+    """The firings of one alert (alertname, job_name, rank) as notified."""
+
+    key: tuple[str, str, str | None]
+    severity: str
+    starts: set[str] = field(default_factory=set)   # distinct startsAt: each one a firing
+    first_received: float = math.inf
+
+
+def collect_pages(alerts: Iterable[Any], prefix: str) -> dict[tuple, Page]:
+    """Firing alerts of the simulated jobs (ReceivedAlert-like: labels, starts_at, received_at)."""
+    pages: dict[tuple, Page] = {}
+    for alert in alerts:
+        labels = alert.labels
+        if alert.status != "firing" or not labels.get("job_name", "").startswith(prefix + "-"):
+            continue
+        key = (labels.get("alertname", ""), labels["job_name"], labels.get("rank"))
+        page = pages.setdefault(key, Page(key, labels.get("severity", "")))
+        page.starts.add(alert.starts_at)
+        page.first_received = min(page.first_received, alert.received_at)
+    return pages
+
+
+@dataclass
+class PageCheck:
+    expected: Expected
+    firings: int
+    delay: float | None             # seconds from the fault to the first notification
+
+    @property
+    def ok(self) -> bool:
+        return self.firings == 1 and self.delay is not None and self.delay <= self.expected.deadline
+
+
+def check_pages(expected: list[Expected], pages: Mapping[tuple, Page],
+                fault_time: float) -> tuple[list[PageCheck], list[Page]]:
+    """Each expected page once within its deadline; and every page nobody expected."""
+    checks = []
+    for item in expected:
+        page = pages.get(item.key)
+        checks.append(PageCheck(item, len(page.starts) if page else 0,
+                                page.first_received - fault_time if page else None))
+    wanted = {item.key for item in expected}
+    return checks, [page for key, page in sorted(pages.items(), key=str) if key not in wanted]
+
+
+class AlertmanagerPoller:
+    """Polls an Alertmanager's active, unsilenced, uninhibited alerts of the simulated jobs
+    (for a stack that notifies somewhere we cannot see): first seen stands for received."""
+
+    def __init__(self, url: str, prefix: str, every: float = 2.0) -> None:
+        self.url, self.prefix, self.every = url.rstrip("/"), prefix, every
+        self.seen: list[Any] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="mfotel-sim-am", daemon=True)
+
+    def _loop(self) -> None:
+        query = urllib.parse.urlencode({"active": "true", "silenced": "false", "inhibited": "false",
+                                        "filter": f'job_name=~"{self.prefix}-.*"'})
+        while not self._stop.wait(self.every):
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/alerts?{query}", timeout=10) as r:
+                    alerts = json.loads(r.read().decode())
+            except (OSError, ValueError):
+                continue
+            now = time.time()
+            self.seen += [argparse.Namespace(labels=a["labels"], status="firing",
+                                             starts_at=a["startsAt"], received_at=now)
+                          for a in alerts]
+
+    def __enter__(self) -> "AlertmanagerPoller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+# ---------------------------------------------------------------- one run
+@dataclass
+class SimResult:
+    settings: SimSettings
+    jobs: list[SimJob]
+    start_time: float
+    fault_time: float
+    checks: list[PageCheck] = field(default_factory=list)      # notifications received
+    unexpected: list[Page] = field(default_factory=list)
+    api_checks: list[PageCheck] = field(default_factory=list)  # Alertmanager's active alerts
+    api_unexpected: list[Page] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    prometheus: dict[str, float] = field(default_factory=dict)           # the checks' Prometheus
+    shipped_prometheus: dict[str, float] = field(default_factory=dict)   # shipped rules/intervals
+    firing_in_prometheus: list[dict[str, str]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    checked: bool = True            # False: no Alertmanager to check, `checks` is the schedule
+
+    @property
+    def ok(self) -> bool:
+        return self.checked and all(c.ok for c in self.checks) and not self.unexpected
+
+
+def run_simulation(settings: SimSettings) -> SimResult:
+    """Run the scenario once. With `with_stack`, against a local Prometheus + Alertmanager and
+    a webhook receiver (`checks`); with `alertmanager_url` (or the local one), also polling
+    Alertmanager's API for its active, uninhibited alerts (`api_checks`)."""
+    own_dir = settings.workdir is None
+    workdir = Path(settings.workdir or tempfile.mkdtemp(prefix="mfotel-sim-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    file_sd_dir = settings.file_sd_dir or workdir / "targets"
+    stack = SimStack(workdir, file_sd_dir / "*.json", settings.interval, settings.rules_config(),
+                     settings.shipped_cost) if settings.with_stack else None
+    am_config = yaml.safe_load(shipped_files()["alertmanager"])
+    sim = Simulation(settings, workdir, stack.group_wait if stack else
+                     lambda labels: route_setting(am_config, labels, "group_wait", "30s"))
+    say, probes, poll_url = settings.on_progress, [], settings.alertmanager_url
+    try:
+        if stack is not None:
+            stack.start()
+            probes = [PrometheusProbe(p) for p in (stack.prometheus, stack.shipped) if p]
+            poll_url = poll_url or stack.alertmanager.url
+            say(f"Prometheus {stack.prometheus.url}, Alertmanager {stack.alertmanager.url}, "
+                f"receiver {stack.receiver.url}")
+        sim.start()
+        say(f"{sum(r['ready'] for r in sim.ready)} ranks serve /metrics from {len(sim.ready)} "
+            f"processes; targets in {sim.file_sd_dir}")
+        with (AlertmanagerPoller(poll_url, settings.prefix) if poll_url else nullcontext()) as poller:
+            start = sim.go()
+            say(f"faults at +{settings.timing.fault_at:.0f}s, run ends at +{sim.duration:.0f}s")
+            for item in sim.expected:
+                say(f"expect {item.alertname} job_name={item.job_name} rank={item.rank or '-'} "
+                    f"within {item.deadline:.0f}s of the faults ({item.how})")
+            end = start + sim.duration
+            while time.time() < end:
+                time.sleep(min(10.0, max(end - time.time(), 0)))
+                for probe in probes:
+                    probe.sample()
+            if settings.during_run is not None:
+                settings.during_run(sim, stack)
+        result = SimResult(settings, sim.jobs, start, start + settings.timing.fault_at)
+        if poller is not None:
+            result.api_checks, result.api_unexpected = check_pages(
+                sim.expected, collect_pages(poller.seen, settings.prefix), result.fault_time)
+        if stack is not None:
+            result.checks, result.unexpected = check_pages(
+                sim.expected, collect_pages(stack.receiver.received(), settings.prefix),
+                result.fault_time)
+            result.firing_in_prometheus = [r["metric"] for r in stack.prometheus.query(
+                f'ALERTS{{alertstate="firing", job_name=~"{settings.prefix}-.*"}}')]
+            result.prometheus = probes[0].summary()
+            result.shipped_prometheus = probes[1].summary() if len(probes) > 1 else {}
+            result.extra["trend"] = [   # the last probe's evolution: windows fill over time
+                {"seconds": s["time"] - start, "rss_bytes": s.get("process_resident_memory_bytes"),
+                 "head_series": s.get("prometheus_tsdb_head_series"),
+                 "evaluation_seconds": sum(v for k, v in s.items() if k.startswith("group:"))}
+                for s in probes[-1].samples]
+        elif poller is not None:
+            result.checks, result.unexpected = result.api_checks, result.api_unexpected
+        else:   # nothing to check against: the schedule of what should have paged
+            result.checks, result.checked = [PageCheck(e, 0, None) for e in sim.expected], False
+    finally:
+        sim.stop()
+        if stack is not None:
+            stack.stop()
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result.workers = sim.done
+    return result
+
+
+def format_report(result: SimResult) -> str:
+    s = result.settings
+    lines = [f"# mfotel simulate: {s.ranks} ranks ({s.cardinality}), "
+             f"{len(result.jobs)} jobs, scrape/eval every {s.interval:g}s"]
+    for job in result.jobs:
+        hit = ("all" if len(job.fault_ranks) == job.world_size
+               else ",".join(map(str, job.fault_ranks)))
+        lines.append(f"  {job.name}: {job.world_size} ranks, {job.fault} (ranks {hit})")
+    if not result.checked:
+        lines.append("not checked (no --with-stack, no --alertmanager-url); expected, from the "
+                     "faults:")
+    lines.append("| expected alert | job | rank | firings | delay | deadline | ok |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for check in result.checks:
+        e = check.expected
+        delay = "-" if check.delay is None else f"{check.delay:.1f}s"
+        verdict = ("yes" if check.ok else "NO") if result.checked else "?"
+        lines.append(f"| {e.alertname} | {e.job_name} | {e.rank or '-'} | {check.firings} | "
+                     f"{delay} | {e.deadline:.0f}s | {verdict} |")
+    if not result.checked:
+        return "\n".join(lines)
+    lines.append(f"unexpected notifications: {len(result.unexpected)}")
+    for page in result.unexpected:
+        lines.append(f"  {page.key[0]} job_name={page.key[1]} rank={page.key[2]} "
+                     f"({page.severity}, {len(page.starts)} firing(s))")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- command line
+def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--ranks", type=int, default=64, help="ranks in all (default %(default)s)")
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=0,
+                        help=f"worker processes (default: one per {RANKS_PER_WORKER} ranks)")
+    parser.add_argument("--prefix", default="sim", help="job names are PREFIX-main, PREFIX-nan, ...")
+    parser.add_argument("--seed", type=int, default=0, help="picks the faulty ranks and the noise")
+    parser.add_argument("--cardinality", choices=("full", "health"), default="full")
+    parser.add_argument("--step-seconds", type=float, default=1.0, help="a job's step period")
+    parser.add_argument("--warmup", type=float, default=60.0, help="healthy seconds before faults")
+    parser.add_argument("--host", default=None,
+                        help="bind every rank to this address, node k on ports PORT + k x "
+                             "ranks-per-node (default: node k on 127.77.0.1 + k, ports from PORT)")
+    parser.add_argument("--advertise", default=None,
+                        help="address written into the targets files (default: --host)")
+    parser.add_argument("--port", type=int, default=0, help="first port (default: a free one)")
+    parser.add_argument("--file-sd-dir", type=Path, default=None,
+                        help="write PREFIX-*.json file_sd files here (point your Prometheus at it)")
+    parser.add_argument("--interval", type=float, default=5.0,
+                        help="scrape and evaluation interval in seconds (yours, without "
+                             "--with-stack; deadlines follow it)")
+    parser.add_argument("--rules-set", metavar="KEY=VALUE", action="append", default=None,
+                        help="RulesConfig of the rules evaluated (as `mfotel rules --set`); "
+                             "default: the simulation's shortened set; 'shipped' for none")
+    parser.add_argument("--with-stack", action="store_true",
+                        help="run Prometheus, Alertmanager and a webhook receiver on loopback "
+                             "with the shipped configs and check every notification")
+    parser.add_argument("--alertmanager-url", default=None,
+                        help="without --with-stack: check this Alertmanager's active alerts")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> SimSettings:
+    if args.rules_set == ["shipped"]:
+        rules: dict[str, Any] = {}
+    elif args.rules_set:
+        rules = {**SIM_RULES, **parse_set(args.rules_set)}
+    else:
+        rules = dict(SIM_RULES)
+    return SimSettings(
+        ranks=args.ranks, ranks_per_node=args.ranks_per_node, processes=args.processes,
+        prefix=args.prefix, seed=args.seed, cardinality=args.cardinality,
+        timing=Timing(step_seconds=args.step_seconds, warmup_seconds=args.warmup),
+        host=args.host, advertise=args.advertise, port=args.port, file_sd_dir=args.file_sd_dir,
+        interval=args.interval, rules=rules, with_stack=args.with_stack,
+        alertmanager_url=args.alertmanager_url,
+        on_progress=lambda text: print(f"mfotel simulate: {text}", file=sys.stderr, flush=True))
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)   # unwinds through `finally`: workers and servers stop
+
+
+def run_simulate_command(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        settings = settings_from_args(args)
+        settings.rules_config()
+        plan_jobs(settings.ranks, settings.ranks_per_node, settings.prefix)
+    except ValueError as error:
+        print(f"mfotel simulate: {error}", file=sys.stderr)
+        return 2
+    try:
+        result = run_simulation(settings)
+    except (RuntimeError, FileNotFoundError, TimeoutError) as error:
+        print(f"mfotel simulate: {error}", file=sys.stderr)
+        return 1
+    print(format_report(result))
+    if args.json:
+        args.json.write_text(json.dumps(asdict(result), default=str, indent=1))
+    checked = settings.with_stack or settings.alertmanager_url
+    return 0 if not checked or result.ok else 1
+
+
+def add_simulate_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `simulate` on argparse subparsers; dispatch via `args.func(args)`."""
+    parser = subparsers.add_parser(
+        "simulate", help="simulate a large job's ranks with scripted faults",
+        description="Serve N simulated ranks (the real mfotel exposition, a synthetic training "
+                    "loop) with scripted faults, and check the pages they cause.")
+    add_simulate_arguments(parser)
+    parser.set_defaults(func=run_simulate_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = add_simulate_arguments(argparse.ArgumentParser(prog="python -m mfotel.cluster.simulation.run"))
+    return run_simulate_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
