@@ -4,27 +4,48 @@
     mfotel-instrument msrun --worker_num=8 ... run_mindformer.py --config llama.yaml
 
 In the style of `opentelemetry-instrument`: a directory holding a `sitecustomize.py` goes first
-on PYTHONPATH and the command replaces this process (execvp). Every Python process the command
-starts (msrun's workers included, they inherit the environment) runs that sitecustomize at
-start-up. It costs next to nothing there (it imports nothing, it installs an import hook); when
-the process imports mindformers, the hook imports `mfotel.integrations.mindformers` right after, which
-registers `OTelMonitor` and `CPUTrainOneStepCell` before any Trainer can build its callbacks.
-A `sitecustomize` that was already on the path (Debian ships one) still runs: ours chains to it.
+on PYTHONPATH of the command. Every Python process the command starts (msrun's workers
+included, they inherit the environment) runs that sitecustomize at start-up. It costs next to
+nothing there (it imports nothing, it installs an import hook); when the process imports
+mindformers, the hook imports `mfotel.integrations.mindformers` right after, which registers
+`OTelMonitor` and `CPUTrainOneStepCell` before any Trainer can build its callbacks. A
+`sitecustomize` that was already on the path (Debian ships one) still runs: ours chains to it.
+
+mfotel-instrument then stays the parent of the command (`mfotel.integrations.supervise`): a
+cancel (SIGTERM, SIGINT, SIGHUP) reaches every process of the job, msrun's workers included,
+so each rank reports "cancelled" instead of paging as dead; it exits as the command did.
+`--exec` replaces this process by the command instead, as earlier versions did: signals are
+then the command's business.
 
 The directory is written once per user (MFOTEL_INSTRUMENT_DIR overrides where).
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
-USAGE = """usage: mfotel-instrument COMMAND [ARGS...]
+from mfotel.integrations import supervise
+
+USAGE = f"""usage: mfotel-instrument [--stop-timeout SECONDS | --exec] [--] COMMAND [ARGS...]
 
 Runs COMMAND with mfotel registered in every mindformers process it starts, so that a
-mindformers YAML can list `{type: OTelMonitor, ...}` under `callbacks:` without code changes.
+mindformers YAML can list `{{type: OTelMonitor, ...}}` under `callbacks:` without code changes.
+
+SIGTERM, SIGINT (Ctrl-C) and SIGHUP reach every process COMMAND started, msrun's workers
+included, so that each rank reports "cancelled" and lingers for its final scrape; processes
+still running --stop-timeout seconds later are killed. The exit status is COMMAND's (killed
+by the signal after a cancel).
+
+options:
+  --stop-timeout SECONDS  after a cancel, SIGKILL what still runs this much later (default
+                          {supervise.DEFAULT_STOP_TIMEOUT:g}); keep it above the monitor's
+                          prometheus.linger_seconds
+  --exec                  replace this process by COMMAND, passing no signal on (as before)
 
 examples:
   mfotel-instrument python run_mindformer.py --config finetune.yaml
@@ -130,18 +151,67 @@ def instrumented_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+@dataclass(frozen=True)
+class Options:
+    command: list[str]
+    stop_timeout: float = supervise.DEFAULT_STOP_TIMEOUT
+    exec_: bool = False
+
+
+def parse_args(args: Sequence[str]) -> Options:
+    """Options go before the command; SystemExit(2) with the fix for a bad one."""
+    args = list(args)
+    stop_timeout, exec_ = supervise.DEFAULT_STOP_TIMEOUT, False
+    while args and args[0].startswith("-"):
+        option = args.pop(0)
+        if option == "--":
+            break
+        if option in ("-h", "--help"):
+            print(USAGE, end="")
+            raise SystemExit(0)
+        if option == "--exec":
+            exec_ = True
+        elif option.split("=", 1)[0] == "--stop-timeout":
+            value = option.split("=", 1)[1] if "=" in option else (args.pop(0) if args else "")
+            stop_timeout = _seconds(value)
+        else:
+            _usage_error(f"unknown option {option} (options go before the command: "
+                         "--stop-timeout SECONDS, --exec)")
+    if not args:
         print(USAGE, end="")
-        raise SystemExit(0 if args else 2)
-    env = instrumented_env()
+        raise SystemExit(2)
+    return Options(args, stop_timeout, exec_)
+
+
+def _seconds(value: str) -> float:
     try:
-        os.execvpe(args[0], args, env)
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= supervise.MAX_STOP_TIMEOUT:
+        _usage_error(f"--stop-timeout needs seconds in (0, {supervise.MAX_STOP_TIMEOUT:g}], "
+                     f"got {value!r}; e.g. --stop-timeout 60")
+    return seconds
+
+
+def _usage_error(message: str) -> NoReturn:
+    sys.stderr.write(f"mfotel-instrument: {message}\n")
+    raise SystemExit(2)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    options = parse_args(sys.argv[1:] if argv is None else argv)
+    command, env = options.command, instrumented_env()
+    try:
+        if options.exec_:
+            os.execvpe(command[0], command, env)
+        supervise.run(command, env, options.stop_timeout)
     except FileNotFoundError:
-        raise SystemExit(f"mfotel-instrument: command not found: {args[0]}") from None
+        sys.stderr.write(f"mfotel-instrument: command not found: {command[0]}\n")
+        raise SystemExit(127) from None
     except PermissionError:
-        raise SystemExit(f"mfotel-instrument: not executable: {args[0]}") from None
+        sys.stderr.write(f"mfotel-instrument: not executable: {command[0]}\n")
+        raise SystemExit(126) from None
 
 
 if __name__ == "__main__":
