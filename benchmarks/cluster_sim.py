@@ -87,7 +87,7 @@ def time_dashboards(base: str, start: float, end: float) -> list[dict[str, Any]]
             row: dict[str, Any] = {"dashboard": query.dashboard, "panel": query.title,
                                    "instant": query.instant, "expr": query.expr}
             for scope, jobs in (("all", ALL),):   # every job: the largest query a user can make
-                expr = substitute(query.expr, {"job_name": jobs, "rank": ALL},
+                expr = substitute(query.expr, {"job_name": jobs, "run_id": ALL, "rank": ALL},
                                   rate_interval="1m", interval="15s", range_="3h")
                 if query.instant:
                     params = {"query": expr, "time": f"{end:.3f}"}
@@ -133,8 +133,8 @@ def measure(size: int, cardinality: str, dashboards: bool, interval: float,
         if dashboards:
             try:
                 found["dashboards"] = time_dashboards(prom.url, sim.start_time, time.time())
-            except (OSError, RuntimeError) as error:
-                found["errors"].append(f"dashboard queries: {error}")
+            except (OSError, RuntimeError, KeyError, ValueError) as error:
+                found["errors"].append(f"dashboard queries: {error!r}")
 
     settings = SimSettings(ranks=size, cardinality=cardinality, with_stack=True,
                            shipped_cost=True, interval=interval, during_run=during,
@@ -277,18 +277,29 @@ def main() -> int:
     parser.add_argument("--hold-minutes", type=float, default=0.0,
                         help="keep the largest full run going this much longer (windows fill)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs already in --json (same sizes) and run the rest")
     args = parser.parse_args()
-    runs = []
     plan = [(size, level) for size in args.sizes
             for level in ("full", "health") if level == "full" or size in args.health_at]
+    runs = []
+    if args.resume and args.json and args.json.is_file():
+        runs = [run for run in json.loads(args.json.read_text())
+                if (run["ranks"], run["cardinality"]) in plan and not run["errors"]]
+        print(f"resuming with {[(r['ranks'], r['cardinality']) for r in runs]} from {args.json}",
+              file=sys.stderr)
+    done = {(run["ranks"], run["cardinality"]) for run in runs}
     for size, level in plan:
+        if (size, level) in done:
+            continue
         largest = size == max(args.sizes) and level == "full"
         runs.append(measure(size, level, largest, args.interval,
                             60 * args.hold_minutes if largest else 0.0))
         if args.json:   # after each run: a later failure keeps what was measured
             args.json.write_text(json.dumps(runs, indent=1))
-    print(f"(machine: {os.cpu_count()} cores, shared with other jobs; checks' Prometheus every "
+    print(f"(machine: {os.cpu_count()} cores; checks' Prometheus every "
           f"{args.interval:g} s)")
+    runs.sort(key=lambda run: (run["ranks"], run["cardinality"] != "full"))
     report(runs)
     return 0 if all(run["ok"] for run in runs) else 1
 

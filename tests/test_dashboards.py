@@ -46,6 +46,7 @@ RECORDING_RULES = frozenset({
     "job_name_status:mindformers_train_ranks:count",
     "job_name:mindformers_train_progress_ratio:min",
     "job_name:mindformers_train_rank_info:slowest1m",
+    "job_name_rank:mindformers_train_step_duration_seconds:quantile1m",
 })
 #: mindformers-native metrics bridged by mfotel when native monitoring is on.
 NATIVE_METRICS = frozenset({
