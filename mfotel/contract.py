@@ -1,4 +1,4 @@
-"""The metric contract: every instrument mfotel exposes, in one table (DESIGN.md section 4).
+"""The metric contract: every instrument mfotel exposes, in one table (README, "What is exposed").
 
 OTel names are dotted with the unit in the unit field; the Prometheus exporter derives the
 exposed name (unit suffix, `_total` on counters). `prometheus_name` is what a scrape shows and

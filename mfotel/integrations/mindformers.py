@@ -413,7 +413,7 @@ class MindFormersOTelMonitor(OTelMonitor):
     """OTelMonitor for mindformers runs; registered as callback type `OTelMonitor`.
 
     mindformers injects no arguments into custom callbacks. The job name defaults to the stem of
-    the launcher's `--config` YAML (DESIGN.md section 3); the rest is read at train begin: the
+    the launcher's `--config` YAML (docs/mindformers.md); the rest is read at train begin: the
     sequence length from the model (unless `seq_length` is given), the loss fix and the native
     metrics from the sibling MFLossMonitor / TrainingStateMonitor.
     """
