@@ -63,9 +63,9 @@ def _get(port: int, password: str, source: str = ATTACKER, timeout: float = 10.0
 def _scraper(port: int, stop: threading.Event, results: dict) -> None:
     """The legitimate Prometheus: one scrape per second, 10 s timeout."""
     while not stop.wait(1.0):
-        started = time.perf_counter()
+        started, wall = time.perf_counter(), time.time()
         status = _get(port, PASSWORD, SCRAPER)
-        results["scrapes"].append((status, time.perf_counter() - started))
+        results["scrapes"].append((status, time.perf_counter() - started, wall))
 
 
 def _flood(port: int, stop: threading.Event, results: dict) -> None:
@@ -189,6 +189,7 @@ def train(steps: int, scenario: str, web: Path) -> dict[str, Any]:
         """Starts the attacker once the endpoint is up (first step) and times from there."""
 
         def on_train_step_end(self, run_context: Any) -> None:
+            result["last_step"] = time.time()   # scrapes after training ended do not count
             if "attack" not in result:
                 result["attack"] = subprocess.Popen(
                     [sys.executable, __file__, "--attack", scenario, "--port", str(port)],
@@ -204,7 +205,8 @@ def train(steps: int, scenario: str, web: Path) -> dict[str, Any]:
         elapsed = time.perf_counter() - result["started"][0]
     attack = result["attack"]
     summary = json.loads(attack.communicate(timeout=60)[0])
-    scrapes = summary["scrapes"]
+    scrapes = [(status, seconds) for status, seconds, wall in summary["scrapes"]
+               if wall < result["last_step"]]
     return {"steps_per_second": (steps - result["started"][1]) / elapsed,
             "threads": sampler.threads, "fds": sampler.fds,
             "endpoint_cpu": sampler.endpoint_cpu / elapsed,

@@ -119,12 +119,24 @@ class OTelMonitor(Callback):
         check_writable(self.config, self.identity.rank, self.job_name)
         if self.config.prometheus.web_config_file:  # a bad file is an error before training
             load_web_config(self.config.prometheus.web_config_file)
+        self._warned: set[str] = set()
+        #: Samples one device trains per step, for tokens/s per device (default: batch_size,
+        #: each rank training its own batch); integrations that know the parallel layout set it.
+        self.device_samples_per_step: float | None = None
+        #: Model FLOPs per token for MFU: the config's, or an integration's estimate.
+        self.flops_per_token: float | None = self.config.flops_per_token
+        #: The global step the run resumed from, when an integration knows it (mindformers
+        #: skips the dataset by runner_config.initial_step and restarts cur_step_num at 1).
+        self.resume_step: int | None = None
+        self._new_run()
+
+    def _new_run(self) -> None:
+        """The state of one `Model.train` call (a second call on the same monitor starts anew)."""
         self.telemetry: Telemetry | None = None
         self.instruments: Instruments | None = None
         self.sinks: list[tuple[Any, bool]] = []  # (sink, json?)
         self.file_path: Path | None = None
         self._lr = LearningRateReader()
-        self._warned: set[str] = set()
         self._batch_size: int | None = self.config.batch_size
         self._total_steps: int | None = None
         self._last_step = 0
@@ -137,11 +149,6 @@ class OTelMonitor(Callback):
         self._record_time: float | None = None
         self._record_samples = 0
         self._record_steps = 0
-        #: Samples one device trains per step, for tokens/s per device (default: batch_size,
-        #: each rank training its own batch); integrations that know the parallel layout set it.
-        self.device_samples_per_step: float | None = None
-        #: Model FLOPs per token for MFU: the config's, or an integration's estimate.
-        self.flops_per_token: float | None = self.config.flops_per_token
         self.checkpoints: list[CheckpointWatch] = []
         self._eval_begin: float | None = None
         self._eval_losses: list[float] = []
@@ -162,9 +169,6 @@ class OTelMonitor(Callback):
         self.file_sd: FileSdWriter | None = None
         self._step_offset: int | None = None  # global step - cur_step_num, set at the first step
         self._begin_step = 0                   # cur_step_num at train begin (resume)
-        #: The global step the run resumed from, when an integration knows it (mindformers
-        #: skips the dataset by runner_config.initial_step and restarts cur_step_num at 1).
-        self.resume_step: int | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "OTelMonitor":
@@ -200,6 +204,9 @@ class OTelMonitor(Callback):
         self._start(cb)
 
     def _start(self, cb: Any) -> None:
+        if self.instruments is not None:  # a second Model.train call on this monitor
+            self.close()  # a no-op when the first run ended normally
+            self._new_run()
         cfg, ident = self.config, self.identity
         port = rank_port(cfg.prometheus.port, ident, cfg.source)  # colliding ranks: ConfigError
         self.run = start_run(cfg.run, ident.rank, self.job_name, cfg.source)

@@ -42,6 +42,8 @@ log = logging.getLogger("mfotel")
 WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
 #: (status line, headers, body) of one response
 Response = tuple[str, list[tuple[str, str]], bytes]
+#: At close, how long answers under way may take to finish before their connections are cut.
+DRAIN_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ class MetricsServer:
                                         daemon=True)
         # open connections in admission order -> whether a worker holds their request
         self._connections: dict[asyncio.Task, bool] = {}
+        self._responding: set[asyncio.Task] = set()  # past the request head: being answered
         self._workers: _Workers | None = None
         self._accepting: asyncio.Task | None = None
         self._errors = Buckets(limits.client_errors_per_second, limits.client_error_burst)
@@ -164,6 +167,12 @@ class MetricsServer:
         self.socket.close()
 
     async def _stop(self) -> None:
+        # Answers under way are finished first (at most DRAIN_SECONDS): the final scrape, the
+        # one that ended the linger, must reach Prometheus whole, not cut by the shutdown.
+        if self._accepting is not None:
+            self._accepting.cancel()
+        if self._responding:
+            await asyncio.wait(set(self._responding), timeout=DRAIN_SECONDS)
         tasks = [t for t in (self._accepting, *self._connections) if t is not None]
         for task in tasks:
             task.cancel()
@@ -226,6 +235,7 @@ class MetricsServer:
                         writer.get_extra_info("peercert")):
                     return
                 request = await self._read_head(reader, peer, writer)
+            self._responding.add(task)
             if isinstance(request, dict):
                 self._connections[task] = True  # at the app: not a candidate for eviction
                 try:
@@ -253,6 +263,7 @@ class MetricsServer:
                             type(exc).__name__, exc)
         finally:
             self._connections.pop(task, None)
+            self._responding.discard(task)
             if not answered:
                 self._errors[client].spend()
             if transport is not None:

@@ -220,3 +220,34 @@ def test_failure_inside_the_callback_is_counted_not_raised(port, in_tmp, caplog,
     assert len(result.losses) == 6
     assert result.monitor.instruments.state.export_errors["callback"] == 6
     assert sum("lr exploded" in r.getMessage() for r in caplog.records) == 1  # warned once
+
+
+def test_one_monitor_for_two_train_calls_ends_each_run(port, in_tmp):
+    """Notebooks and two-phase scripts call Model.train twice with the same callbacks: the second
+    run starts anew (steps, status, endpoint) and ends as the first did, endpoint stopped,
+    rather than leaving its endpoint up with status running until the process exits."""
+    import mindspore.dataset as ds
+
+    from mfotel import OTelMonitor
+    from mfotel.demo.training import build_model
+
+    monitor = OTelMonitor(step_interval=2, metrics=["loss"], job_name="two-runs",
+                          output={"console": False, "file": True, "file_path": "m.log"},
+                          prometheus={"host": "127.0.0.1", "port": port, "linger_seconds": 0})
+    url = f"http://127.0.0.1:{port}/metrics"
+    for steps in (6, 4):
+        scraper = step_scraper(url)
+        data = ds.GeneratorDataset(SyntheticRegression(steps, BATCH), ["x", "y"],
+                                   shuffle=False).batch(BATCH)
+        build_model(steps, BATCH, "cosine").train(1, data, callbacks=[monitor, scraper],
+                                                  dataset_sink_mode=False)
+        last = scraper.bodies[steps]
+        assert value(last, "mindformers_train_step") == steps          # counted from 1 again
+        assert value(last, "mindformers_train_steps_total") == steps
+        assert value(last, "mindformers_train_status") == 1
+        assert monitor.instruments.state.status == 2                     # completed
+        with pytest.raises(OSError):
+            scrape(url)                                                  # endpoint stopped
+    steps_logged = [int(line.split(",")[0].split()[-1])
+                    for line in (in_tmp / "m.log").read_text().splitlines()]
+    assert steps_logged == [2, 4, 6, 2, 4]                               # both runs, appended

@@ -223,3 +223,36 @@ def test_training_survives_1000_idle_connections_with_1024_file_descriptors(tmp_
 ])
 def test_client_key_groups_addresses_by_client(address, client):
     assert client_key(address) == client
+
+
+def test_close_lets_the_answer_under_way_reach_its_client_whole():
+    """The linger ends at the scrape that served the final status, and the endpoint closes
+    right after: that answer must still arrive whole (a cut one is a failed scrape, and the
+    rank would vanish with status running). Real server, a body larger than the socket
+    buffers, a client that starts reading only after close() began."""
+    import threading
+
+    from mfotel.metrics_server import MetricsServer
+
+    body, served = os.urandom(32 * 2**20), threading.Event()
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain"),
+                                  ("Content-Length", str(len(body)))])
+        served.set()
+        return [body]
+
+    server = MetricsServer(app, "127.0.0.1", 0).start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert served.wait(10)
+        closing = threading.Thread(target=server.close)
+        closing.start()
+        time.sleep(0.2)  # close() is under way; most of the body is not sent yet
+        received = bytearray()
+        while chunk := client.recv(1 << 20):
+            received += chunk
+        closing.join(10)
+    head, _, got = bytes(received).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert len(got) == len(body) and got == body
