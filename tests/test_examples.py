@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from mfotel.config import load_config, parse_config
+from mfotel.integrations.instrument import parse_args as parse_instrument_args
 from mfotel.integrations.mindformers_check import check_mindformers_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +168,10 @@ def test_training_job_registers_otelmonitor_and_mounts_its_training_yaml(tmp_pat
     [(job, template)] = pod_templates()
     argv = _launch(template)
     # mfotel-instrument first: without it the OTelMonitor callback entry cannot be resolved
-    assert argv[:2] == ["mfotel-instrument", "msrun"], argv
+    assert argv[0] == "mfotel-instrument", argv
+    launch = parse_instrument_args(argv[1:])
+    assert launch.command[0] == "msrun" and not launch.exec_, argv
+    argv = launch.command
     workers = int(_flag(argv, "--local_worker_num"))
     assert workers == int(_flag(argv, "--worker_num")) == len(container_ports(template))
 
@@ -184,6 +188,10 @@ def test_training_job_registers_otelmonitor_and_mounts_its_training_yaml(tmp_pat
     ports = sorted(container_ports(template).values())
     assert ports == [cfg.prometheus.port + local_rank for local_rank in range(workers)]
     assert cfg.prometheus.host == "0.0.0.0"
+    # a deleted pod: every rank lingers for its final scrape, then mfotel-instrument kills
+    # what is left, then the kubelet: in that order
+    assert cfg.prometheus.linger_seconds < launch.stop_timeout < \
+        template["spec"]["terminationGracePeriodSeconds"]
     env = {e["name"] for e in template["spec"]["containers"][0]["env"]}
     assert {"POD_NAME", "POD_NAMESPACE", "MFOTEL_RUN_ID"} <= env
 
