@@ -169,8 +169,10 @@ class MetricsServer:
     async def _stop(self) -> None:
         # Answers under way are finished first (at most DRAIN_SECONDS): the final scrape, the
         # one that ended the linger, must reach Prometheus whole, not cut by the shutdown.
-        if self._accepting is not None:
+        if self._accepting is not None:  # new clients are refused at once, not left waiting
             self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+        self.socket.close()
         if self._responding:
             await asyncio.wait(set(self._responding), timeout=DRAIN_SECONDS)
         tasks = [t for t in (self._accepting, *self._connections) if t is not None]

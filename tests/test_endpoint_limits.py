@@ -249,6 +249,8 @@ def test_close_lets_the_answer_under_way_reach_its_client_whole():
         closing = threading.Thread(target=server.close)
         closing.start()
         time.sleep(0.2)  # close() is under way; most of the body is not sent yet
+        with pytest.raises(ConnectionRefusedError):  # a new client is refused, not kept waiting
+            socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
         received = bytearray()
         while chunk := client.recv(1 << 20):
             received += chunk

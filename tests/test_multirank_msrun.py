@@ -78,7 +78,9 @@ def dp_run(tmp_path_factory) -> DpRun:
     args = ["--steps", str(STEPS), "--port", str(base), "--job-name", JOB,
             "--file-sd", str(targets), "--truth-dir", str(truth_dir), "--log-rank", "0",
             "--step-sleep", str(STEP_SLEEP), "--slow-until", str(release),
-            "--linger-seconds", "5"]
+            # lingering all of it: the first scrape of the final status (Prometheus's, often)
+            # would end the linger before the poller's scrape could see it
+            "--linger-seconds", "3", "--linger-fixed"]
     urls = {r: f"http://127.0.0.1:{base + r}/metrics" for r in (0, 1)}
     with prom, OtlpReceiver() as receiver:
         args += ["--otlp-endpoint", receiver.url]

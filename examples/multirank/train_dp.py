@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-rank", type=int, nargs="+", default=[0])
     parser.add_argument("--file-sd", default=None, help="file_sd target file rank 0 writes")
     parser.add_argument("--linger-seconds", type=float, default=0.0)
+    parser.add_argument("--linger-fixed", action="store_true",
+                        help="linger all of --linger-seconds (default: until the first scrape "
+                             "of the final status)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--slow-until", default=None,
                         help="sleep --step-sleep per step only until this file exists")
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         "metrics": ["loss", "learning_rate", "grad_norm", "throughput", "step_time"],
         "log_rank": args.log_rank, "cardinality": args.cardinality,
         "prometheus": {"host": args.host, "port": args.port,
-                       "linger_seconds": args.linger_seconds},
+                       "linger_seconds": args.linger_seconds,
+                       "linger_until_scraped": not args.linger_fixed},
     }
     if args.file_sd:
         settings["file_sd"] = {"path": args.file_sd}
