@@ -17,10 +17,8 @@ from __future__ import annotations
 import json
 import os
 import pty
-import random
 import select
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -32,16 +30,13 @@ import pytest
 
 from mfotel import contract
 from mfotel.alerting.rules import write_rules
-from mfotel.demo.stack import Prometheus
+from mfotel.demo.stack import Prometheus, free_port_block
 from multirank_support import EXAMPLE, VENV_BIN, child_env, stop, wait_until
-from test_lifecycle import STATUS_ALERTS, TEST_RULES
+from test_lifecycle import TEST_RULES, alerts_until_quiet
 
 INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
 JOB = "launcher-signals"
 LINGER = 20.0  # each rank keeps /metrics up at most this long for its final scrape
-#: After the launcher exited: RankDown's `for` (5 s), the scrape that finds the ranks gone,
-#: and evaluations.
-QUIET_WINDOW = 12.0
 
 
 # ---------------------------------------------------------------- processes
@@ -95,25 +90,6 @@ def running_in_groups(groups: set[int]) -> list[int]:
             if stat is not None and stat[0] != "Z" and stat[1] in groups:
                 found.append(int(entry.name))
     return found
-
-
-def quiet_ports(count: int) -> int:
-    """A base port with `count` free consecutive ports below the ephemeral range.
-
-    A client polling a port nobody listens on yet (Prometheus before a rank binds, a worker
-    before the scheduler does) can connect to itself when that port is in the ephemeral range
-    (TCP simultaneous open), and then holds it: the rank's bind fails. Seen here."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(200):
-        base = random.randrange(10000, low - count)
-        try:
-            for offset in range(count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", base + offset))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} free ports below {low}")
 
 
 # ---------------------------------------------------------------- fast: plain commands
@@ -420,7 +396,7 @@ class MsrunJob:
         args = ["--steps", "100000", "--port", str(base_port), "--job-name", JOB,
                 "--linger-seconds", str(LINGER), "--step-sleep", "0.05", "--log-rank", "0"]
         msrun = [str(VENV_BIN / "msrun"), "--worker_num=2", "--local_worker_num=2",
-                 "--master_addr=127.0.0.1", f"--master_port={quiet_ports(1)}", "--join=True",
+                 "--master_addr=127.0.0.1", f"--master_port={free_port_block(1)}", "--join=True",
                  f"--log_dir={work / 'logs'}", str(EXAMPLE), *args]
         self.log = work / "launcher.log"
         with open(self.log, "wb") as out:
@@ -476,7 +452,7 @@ def msrun_job(tmp_path) -> Iterator[Any]:
 @pytest.fixture
 def prometheus(tmp_path) -> Iterator[tuple[Prometheus, int]]:
     """A real Prometheus scraping both ranks every second with the generated rules."""
-    base = quiet_ports(2)
+    base = free_port_block(2)
     rules = write_rules(tmp_path / "rules", TEST_RULES)
     names = "\n".join(f"  - {path.name}" for path in rules)
     targets = json.dumps([f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"])
@@ -497,19 +473,6 @@ def both_running(prom: Prometheus, job: MsrunJob) -> None:
     wait_until(lambda: statuses(prom) == {"0": contract.STATUS_RUNNING,
                                           "1": contract.STATUS_RUNNING},
                600, "both ranks running in Prometheus", interval=1, alive=job.process)
-
-
-def pages_until_quiet(prom: Prometheus, job: MsrunJob) -> list[dict]:
-    """Every status or critical alert (pending or firing) of the job, polled until
-    QUIET_WINDOW after the launcher exited, plus any the history of ALERTS still holds."""
-    assert job.exited_at is not None
-    seen: list[dict] = []
-    while time.time() < job.exited_at + QUIET_WINDOW:
-        seen += [a["metric"] for a in prom.query(f'ALERTS{{job_name="{JOB}"}}')]
-        time.sleep(0.25)
-    history = prom.query(f'count_over_time(ALERTS{{job_name="{JOB}"}}[10m])')
-    return [alert for alert in seen + [a["metric"] for a in history]
-            if alert["alertname"] in STATUS_ALERTS or alert["severity"] == "critical"]
 
 
 def signal_every_process(job: MsrunJob, signum: int) -> None:
@@ -545,7 +508,7 @@ def test_cancelled_msrun_job_reports_cancelled_on_every_rank_and_pages_nobody(
     except TimeoutError:
         pass
     assert statuses(prom) == cancelled
-    assert pages_until_quiet(prom, job) == []
+    assert alerts_until_quiet(prom, JOB, job.exited_at, "10m") == []
     # no worker, scheduler or log tail survives, by pid and by process group
     assert [pid for pid in processes if running(pid)] == []
     assert running_in_groups(set(processes.values())) == []

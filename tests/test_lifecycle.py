@@ -116,15 +116,16 @@ def final_status_in_prometheus(prom: Prometheus, expected: int) -> float | None:
         return status_in_prometheus(prom)
 
 
-def alerts_until_quiet(prom: Prometheus, run: Run) -> list[dict]:
-    """Every status or critical alert (pending or firing) of the job, polled until
+def alerts_until_quiet(prom: Prometheus, job_name: str, exited_at: float | None,
+                       lookback: str = "5m") -> list[dict]:
+    """Every status or critical alert (pending or firing) of `job_name`, polled until
     QUIET_WINDOW after the process exited, plus any the history of ALERTS still holds."""
     seen: list[dict] = []
-    assert run.exited_at is not None
-    while time.time() < run.exited_at + QUIET_WINDOW:
-        seen += [alert["metric"] for alert in prom.query(f'ALERTS{{job_name="{JOB}"}}')]
+    assert exited_at is not None
+    while time.time() < exited_at + QUIET_WINDOW:
+        seen += [alert["metric"] for alert in prom.query(f'ALERTS{{job_name="{job_name}"}}')]
         time.sleep(0.25)
-    history = prom.query(f'count_over_time(ALERTS{{job_name="{JOB}"}}[5m])')
+    history = prom.query(f'count_over_time(ALERTS{{job_name="{job_name}"}}[{lookback}])')
     return [alert for alert in seen + [alert["metric"] for alert in history]
             if alert["alertname"] in STATUS_ALERTS or alert["severity"] == "critical"]
 
@@ -149,7 +150,7 @@ def test_cancelled_run_reports_cancelled_exits_by_sigterm_and_pages_nobody(
     assert time.monotonic() - signalled < 20  # the linger ended at the final scrape
     assert final_status_in_prometheus(prometheus, contract.STATUS_CANCELLED) == \
         contract.STATUS_CANCELLED
-    assert alerts_until_quiet(prometheus, run) == []  # no page, no status alert
+    assert alerts_until_quiet(prometheus, JOB, run.exited_at) == []  # no page, no status alert
     text = log.read_bytes()
     assert text.endswith(b"\n") and b"[Monitor] step: 1," in text  # whole lines, flushed
     assert "Traceback" not in run.stderr()
@@ -172,7 +173,7 @@ def test_exception_inside_training_reports_failed_before_the_process_exits(
     assert run.wait(timeout=180) == 1  # Python's unhandled exception
     assert "RuntimeError: data loader broke at step 40" in run.stderr()
     assert final_status_in_prometheus(prometheus, contract.STATUS_FAILED) == contract.STATUS_FAILED
-    alerts = alerts_until_quiet(prometheus, run)
+    alerts = alerts_until_quiet(prometheus, JOB, run.exited_at)
     assert {a["alertname"] for a in alerts} == {"MindFormersTrainingFailed"}
     assert {a["severity"] for a in alerts} == {"warning"}  # a ticket, no page
 

@@ -3,34 +3,15 @@ Debian's chromium driven by Playwright (see tests/test_live_page_browser.py)."""
 from __future__ import annotations
 
 import json
-import random
-import socket
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from mfotel.demo.stack import free_port
+from mfotel.demo.stack import free_port, free_port_block
 from multirank_support import child_env, msrun_command, start, stop, wait_until
 from test_live_page_browser import BROWSER_TIMEOUT_MS, CHROMIUM, CHROMIUM_FLAGS, js
 
 pytestmark = pytest.mark.slow
-
-
-def ports_outside_the_ephemeral_range(count: int) -> int:
-    """A base port below the kernel's ephemeral range with `count` free ports: MindSpore's
-    own connections between the ranks take ephemeral ports, and took rank 1's once."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(100):
-        base = random.randrange(max(low - 12000, 1024), low - count)
-        try:
-            for offset in range(count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", base + offset))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free ports below the ephemeral range")
 
 
 def overview(url: str) -> dict:
@@ -43,7 +24,7 @@ def overview(url: str) -> dict:
 
 def test_rank_0s_page_shows_both_ranks_of_an_msrun_job(tmp_path):
     from playwright.sync_api import sync_playwright
-    base = ports_outside_the_ephemeral_range(2)
+    base = free_port_block(2)
     args = ["--steps", "400", "--port", str(base), "--job-name", "live-dp",
             "--step-sleep", "0.05", "--log-rank", "0"]
     run = start(msrun_command(args, free_port(), tmp_path / "logs"), child_env(),
