@@ -25,11 +25,11 @@ from mfotel.cluster.simulation.run import (SIM_RULES, SimSettings, Simulation, r
                                            run_simulation)
 from mfotel.cluster.simulation.scenario import (STATUS_CANCELLED, JobClock, RankSpec, Timing,
                                                 expected_pages, plan_jobs)
-from mfotel.cluster.simulation.stack import alertmanager_config, route_setting
+from mfotel.cluster.simulation.stack import route_setting
 from mfotel.config import parse_config
 from mfotel.contract import STATUS_FAILED
 from mfotel.cluster.discovery import target_groups, write_target_file
-from mfotel.demo.alerting import shipped_files
+from mfotel.demo.alerting import operator_alertmanager_config as alertmanager_config, shipped_files
 from mfotel.demo.stack import Prometheus, find_binary, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ...alerting.rules import RulesConfig, duration_seconds, write_rules
 from ...assets import alertmanager_files, write_files
-from ...demo.alerting import AlertingStack
+from ...demo.alerting import AlertingStack, operator_alertmanager_config
 from ...demo.stack import Alertmanager, Prometheus, http_get_json
 
 FILE_SD_JOB = "mindformers-file-sd"
@@ -46,15 +46,6 @@ def prometheus_config(text: str, file_sd: str | Path, alertmanager: str | None,
     job = next(j for j in config["scrape_configs"] if j["job_name"] == FILE_SD_JOB)
     job["file_sd_configs"] = [{"files": [str(file_sd)], "refresh_interval": "30s"}]
     config["scrape_configs"] = [job]
-    return yaml.safe_dump(config, sort_keys=False)
-
-
-def alertmanager_config(text: str, webhook_url: str) -> str:
-    """The shipped alertmanager.yml with every webhook sent to `webhook_url`, nothing else."""
-    config = yaml.safe_load(text)
-    for receiver in config["receivers"]:
-        for webhook in receiver.get("webhook_configs", []):
-            webhook["url"] = webhook_url
     return yaml.safe_dump(config, sort_keys=False)
 
 
@@ -114,7 +105,7 @@ class SimStack(AlertingStack):
             am_dir = self.workdir / "alertmanager"
             write_files(alertmanager_files(), am_dir)  # the templates beside the config
             self.alertmanager = Alertmanager(
-                alertmanager_config(self.files["alertmanager"], self.receiver.url),
+                operator_alertmanager_config(self.files["alertmanager"], self.receiver.url),
                 workdir=am_dir).start()
             rule_files = write_rules(self.workdir / "prometheus", self.rules)
             self.prometheus = Prometheus(
