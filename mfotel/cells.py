@@ -7,11 +7,11 @@ from mindspore.ops import composite as C
 _hyper_map = C.HyperMap()
 
 
-def _square_sum(grad):  # noqa: ANN001, ANN202 - graph-mode function
+def _square_sum(grad):  # type: ignore[no-untyped-def]  # graph mode: source kept plain
     return ops.reduce_sum(ops.square(grad.astype("float32")))
 
 
-class TrainOneStepWithGradNorm(nn.TrainOneStepCell):
+class TrainOneStepWithGradNorm(nn.TrainOneStepCell):  # type: ignore[misc]  # untyped base
     """`nn.TrainOneStepCell` returning `(loss, global_norm)`: the L2 norm of all gradients.
 
     The norm is taken after the data-parallel gradient reduction, so every rank reports the
@@ -21,7 +21,7 @@ class TrainOneStepWithGradNorm(nn.TrainOneStepCell):
         Model(net).train(epochs, dataset, callbacks=[OTelMonitor(metrics=["loss", "grad_norm"])])
     """
 
-    def construct(self, *inputs):  # noqa: ANN002, ANN201 - graph-mode construct
+    def construct(self, *inputs):  # type: ignore[no-untyped-def]  # graph-mode construct
         loss = self.network(*inputs)
         sens = ops.fill(loss.dtype, loss.shape, self.sens)
         grads = self.grad(self.network, self.weights)(*inputs, sens)

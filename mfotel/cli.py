@@ -4,29 +4,49 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.request
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
 from . import __version__
+from .actions.control import add_control_command
 from .alerting.receiver import add_alerts_receiver_command
 from .assets import add_asset_commands
-from .config import ConfigError, describe, json_schema
-from .actions.control import add_control_command
+from .checks import check_file
+from .closed_pipe import quiet_on_closed_pipe
 from .cluster.discovery import add_targets_command
 from .cluster.simulation.run import add_simulate_command
+from .config import ConfigError, describe, json_schema
+from .config.preflight import FIRST_UNPRIVILEGED_PORT, MAX_PORT
 from .contract import SEED_METRICS
+from .integrations.mindformers_check import document_check
 from .logs.cli import add_log_commands
+
+#: --ranks-per-node's bound: each rank of a node serves its own port above the privileged ones.
+MAX_RANKS_PER_NODE = MAX_PORT - FIRST_UNPRIVILEGED_PORT + 1
+
+
+def ranks_per_node_arg(text: str) -> int:
+    """--ranks-per-node: a whole number of ranks one node runs, each serving a port."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_RANKS_PER_NODE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of ranks on one node between 1 and {MAX_RANKS_PER_NODE} "
+            f"(each serves its own port); give the ranks of ONE node, e.g. 8")
+    return count
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Report every problem of each training YAML (exit 2); print the effective settings."""
-    from .config.check import check_file
     status = 0
+    mindformers = document_check(use_mindformers=False if args.no_mindformers else None)
     for path in args.config:
-        report = check_file(path, ranks_per_node=args.ranks_per_node, world_size=args.world_size,
-                            use_mindformers=False if args.no_mindformers else None)
+        report = check_file(path, ranks=args.ranks_per_node, world_size=args.world_size,
+                            document_check=mindformers)
         for line in report.errors:
             print(f"error: {line}", file=sys.stderr)
         for line in report.warnings:
@@ -40,6 +60,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"# {line}")
         for key, variable in report.sources.items():
             print(f"# {key}: from {variable}")
+        assert report.config is not None  # without errors, the settings were read
         key = "monitor_config" if report.where == "monitor_config" else \
             f"{report.where} (type: OTelMonitor)"
         print(yaml.safe_dump({key: describe(report.config)}, sort_keys=False,
@@ -58,16 +79,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read().decode()
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Train a tiny real network on the CPU with the monitor on and /metrics served."""
     if args.with_alerting:
         return _alerting_demo(args)
-    from .demo.training import run_demo
+    from .demo.command import demo_command
     overrides: dict[str, Any] = {"metrics": args.metrics, "on_nonfinite": args.on_nonfinite,
                                  "log_rank": args.log_rank}
     if args.seq_length:
@@ -75,27 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.file_path:
         overrides["output"] = {"console": True, "file": True, "file_path": args.file_path,
                                "format": args.format}
-    excerpt: list[str] = []
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
-    print(f"mfotel demo: {args.steps} steps, metrics on http://{host}:{args.port}/metrics "
-          f"(job_name={args.job_name})", flush=True)
-    if args.port:
-        print(f"mfotel demo: live page on http://{host}:{args.port}/ (open it in a browser; "
-              f"--linger-seconds N keeps it up N s after the last step)", flush=True)
-    result = run_demo(steps=args.steps, step_interval=args.step_interval, port=args.port,
-                      nan_at_step=args.nan_at_step, job_name=args.job_name,
-                      linger_seconds=args.linger_seconds, batch_size=args.batch_size,
-                      lr_schedule=args.lr_schedule, min_step_seconds=args.step_sleep,
-                      extra_callbacks=(_LastScrape(excerpt, args.port),) if args.port else (),
-                      prometheus={"host": args.host, "port": args.port,
-                                  "linger_seconds": args.linger_seconds},
-                      **overrides)
-    print(f"mfotel demo: trained {len(result.losses)} steps in {result.seconds:.1f} s; "
-          f"last loss {result.losses[max(result.losses)]:.6g}")
-    if excerpt:
-        print("mfotel demo: /metrics at the last step (excerpt):")
-        print("\n".join(excerpt))
-    return 0
+    return demo_command(args, overrides)
 
 
 def _alerting_demo(args: argparse.Namespace) -> int:
@@ -110,27 +106,6 @@ def _alerting_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-class _LastScrape:
-    """Scrapes this process's own endpoint after the last step, to show what Prometheus sees."""
-
-    def __new__(cls, sink: list[str], port: int) -> Any:
-        from mindspore.train import Callback
-
-        class LastScrape(Callback):
-            def on_train_step_end(self, run_context: Any) -> None:
-                cb = run_context.original_args()
-                if cb.cur_step_num != cb.epoch_num * cb.batch_num:
-                    return
-                try:
-                    body = _scrape(f"http://127.0.0.1:{port}/metrics")
-                except OSError as exc:
-                    sink.append(f"  (scrape failed: {exc})")
-                    return
-                sink.extend("  " + line for line in body.splitlines()
-                            if line.startswith("mindformers_train_") and "_bucket" not in line)
-        return LastScrape()
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mfotel", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -141,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("config", nargs="+", help="training YAML file(s)")
     check.add_argument("--no-mindformers", action="store_true",
                        help="check a mindformers YAML without importing mindformers (faster)")
-    check.add_argument("--ranks-per-node", type=int, default=None,
+    check.add_argument("--ranks-per-node", type=ranks_per_node_arg, default=None,
                        help="ranks on one node, for the port plan (default: the launcher's "
                             "LOCAL_WORLD_SIZE, else 8)")
     check.add_argument("--world-size", type=int, default=None,
@@ -190,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@quiet_on_closed_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

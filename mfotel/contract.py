@@ -2,8 +2,8 @@
 
 OTel names are dotted with the unit in the unit field; the Prometheus exporter derives the
 exposed name (unit suffix, `_total` on counters). `prometheus_name` is what a scrape shows and
-is pinned by tests/test_contract_golden.py, which also checks that an OpenTelemetry Collector or
-Prometheus translating our OTLP gets the same names.
+is pinned by tests/unit/test_contract_golden.py, which also checks that an OpenTelemetry
+Collector or Prometheus translating our OTLP gets the same names.
 
 Units follow OpenTelemetry: UCUM (`s`), annotations for counted things (`{step}`), `1` only for
 true ratios (the collector's translation appends `_ratio` to gauges of unit `1`), and no unit
@@ -28,7 +28,8 @@ STEP_TIME_BUCKETS: tuple[float, ...] = (
 
 #: Values of `mindformers_train_status`. Cancelled: ended by SIGTERM / SIGINT (scancel, pod
 #: deletion, Ctrl-C), which pages nobody; failed: an exception, or stopped before the last step.
-STATUS_INITIALISING, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED, STATUS_CANCELLED = 0, 1, 2, 3, 4
+STATUS_INITIALISING, STATUS_RUNNING, STATUS_COMPLETED = 0, 1, 2
+STATUS_FAILED, STATUS_CANCELLED = 3, 4
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,14 @@ def _m(key: str, otel: str, unit: str, kind: Kind, prom: str, description: str,
 CONTRACT: tuple[MetricSpec, ...] = (
     # seed metrics, recorded every step_interval steps when selected
     _m("loss", "mindformers.train.loss", "", "gauge", "mindformers_train_loss",
-       "Training loss of the last recorded step (last finite value; see loss_finite)",
+       "Training loss of the last recorded step, or of a later NaN/Inf step, as it is",
        seed="loss"),
     _m("learning_rate", "mindformers.train.learning_rate", "", "gauge",
        "mindformers_train_learning_rate", "Learning rate used by the last recorded step",
        seed="learning_rate"),
     _m("grad_norm", "mindformers.train.grad_norm", "", "gauge", "mindformers_train_grad_norm",
-       "Global L2 norm of the gradients of the last recorded step", seed="grad_norm"),
+       "Global L2 norm of the gradients of the last recorded step, or of a later NaN/Inf "
+       "step, as it is", seed="grad_norm"),
     _m("throughput", "mindformers.train.throughput.samples", "{sample}/s", "gauge",
        "mindformers_train_throughput_samples_per_second",
        "Samples per second over the last recording interval", seed="throughput"),
@@ -90,6 +92,15 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _m("last_step_timestamp", "mindformers.train.last_step.timestamp", "s", "gauge",
        "mindformers_train_last_step_timestamp_seconds",
        "Unix time of the last completed step"),
+    # job-level signals (who waits for whom): what one rank does between and inside steps
+    _m("step_outside", "mindformers.train.step.outside", "s", "counter",
+       "mindformers_train_step_outside_seconds",
+       "Host time outside the timed steps, summed: from one step's end to the next step's "
+       "begin (input wait, host work between steps)"),
+    _m("step_begin_timestamp", "mindformers.train.step.begin.timestamp", "s", "gauge",
+       "mindformers_train_step_begin_timestamp_seconds",
+       "Unix time the current or last step began; above last_step_timestamp while the rank "
+       "is inside a step"),
     _m("loss_finite", "mindformers.train.loss_finite", "", "gauge",
        "mindformers_train_loss_finite", "1 if the last loss was finite, 0 if NaN or Inf"),
     _m("nonfinite", "mindformers.train.nonfinite", "{step}", "counter",
@@ -159,3 +170,10 @@ BY_KEY: dict[str, MetricSpec] = {spec.key: spec for spec in CONTRACT}
 
 def spec(key: str) -> MetricSpec:
     return BY_KEY[key]
+
+
+def finite_samples(expr: str) -> str:
+    """PromQL keeping only the finite samples of `expr` (NaN and ±Inf each fail one of the
+    two comparisons): the loss and the gradient norm are exposed as they are, and one NaN or
+    Inf would make an average, a sum or a deviation NaN or Inf."""
+    return f"(({expr}) > -Inf < +Inf)"

@@ -11,9 +11,10 @@ import json
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .config import ConfigError, RunConfig
 from .regular_file import read_regular_file
@@ -30,7 +31,8 @@ POD_VARS = ("POD_NAME", "MY_POD_NAME")
 NAMESPACE_VARS = ("POD_NAMESPACE", "MY_POD_NAMESPACE", "NAMESPACE")
 #: Visible-device lists: the process's device i is the i-th listed physical device, which is
 #: the index device exporters report (NPU-Exporter `id`, dcgm-exporter `gpu`).
-VISIBLE_DEVICE_VARS = ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+VISIBLE_DEVICE_VARS = ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES",
+                       "CUDA_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class RankIdentity:
         return attributes
 
     def with_communication(self, rank: int, local_rank: int, world_size: int,
-                           local_world_size: int = 0) -> "RankIdentity":
+                           local_world_size: int = 0) -> RankIdentity:
         """The identity as MindSpore's communication layer reports it after `init()`."""
         local_world = local_world_size or self.local_world_size
         node_rank = self.node_rank
@@ -84,13 +86,32 @@ class RankIdentity:
                                    node_rank=node_rank, local_rank_source="init")
 
 
-def _first_int(env: Mapping[str, str], names: tuple[str, ...],
-               default: int) -> tuple[int, str | None]:
+#: Ranks of one job: far above any real job, and a bound on what a variable may claim.
+MAX_WORLD_SIZE = 1_000_000
+#: Ranks on one node: each serves its own port (base + local rank), so at most 65535.
+MAX_LOCAL_RANKS = MAX_PORT
+ENV_SOURCE = "the launcher's environment"
+
+
+def _env_int(env: Mapping[str, str], names: tuple[str, ...], low: int, high: int,
+             what: str) -> tuple[int | None, str | None]:
+    """(value, variable) of the first of `names` that is set, (None, None) if none is.
+
+    ConfigError naming the variable for anything but ASCII digits in low..high (a "-1", a
+    23-digit number, an Arabic-Indic "٣" that int() would read as 3).
+    """
     for name in names:
-        value = env.get(name, "").strip()
-        if value.lstrip("-").isdigit():
-            return int(value), name
-    return default, None
+        text = env.get(name, "").strip()
+        if not text:
+            continue
+        digits = text.isascii() and text.isdigit()
+        if digits and len(text) <= len(str(high)) and low <= int(text) <= high:
+            return int(text), name
+        shown = repr(text[:24]) + ("..." if len(text) > 24 else "")
+        raise ConfigError(ENV_SOURCE, name, f"{name}={shown} is not a valid {what} (ASCII digits, "
+                          f"{low} to {high})", f"set {name} to this process's {what} as the "
+                          f"launcher does (msrun, torchrun and mpirun set it), or unset it")
+    return None, None
 
 
 def _first_str(env: Mapping[str, str], names: tuple[str, ...]) -> str:
@@ -101,8 +122,9 @@ def physical_device(device: str, env: Mapping[str, str]) -> str:
     """The physical index of logical device `device` under a visible-devices list."""
     visible = _first_str(env, VISIBLE_DEVICE_VARS)
     items = [v.strip() for v in visible.split(",")] if visible else []
-    if device.isdigit() and int(device) < len(items) and items[int(device)].isdigit():
-        return items[int(device)]
+    index = items[int(device)] if device.isdigit() and int(device) < len(items) else ""
+    if index.isascii() and index.isdigit():  # "GPU-<uuid>" entries are not indexes
+        return index
     return device
 
 
@@ -111,30 +133,47 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> RankIdentity:
 
     msrun sets RANK_ID, RANK_SIZE and DEVICE_ID (the local device index, which is the local
     rank on CPU); the true local rank is known only after `init()` (with_communication).
+    ConfigError naming the variable for a value that is not a bounded whole number, or a rank
+    not below the world size given beside it.
     """
     env = os.environ if env is None else env
-    rank, _ = _first_int(env, RANK_VARS, 0)
-    world, _ = _first_int(env, WORLD_VARS, 1)
-    local, local_var = _first_int(env, LOCAL_RANK_VARS, -1)
-    local_world, _ = _first_int(env, LOCAL_WORLD_VARS, 0)
-    device = env.get("DEVICE_ID", "").strip()
+    rank, rank_var = _env_int(env, RANK_VARS, 0, MAX_WORLD_SIZE - 1, "rank")
+    world, world_var = _env_int(env, WORLD_VARS, 1, MAX_WORLD_SIZE, "world size")
+    local, local_var = _env_int(env, LOCAL_RANK_VARS, 0, MAX_LOCAL_RANKS - 1, "local rank")
+    local_world, local_world_var = _env_int(env, LOCAL_WORLD_VARS, 1, MAX_LOCAL_RANKS,
+                                            "number of ranks on this node")
+    device_id, _ = _env_int(env, ("DEVICE_ID",), 0, MAX_LOCAL_RANKS - 1, "device index")
+    node_rank, node_var = _env_int(env, NODE_RANK_VARS, 0, MAX_WORLD_SIZE - 1, "node rank")
+    _below(rank, rank_var, world, world_var, "ranks count from 0 to the world size - 1")
+    _below(local, local_var, local_world, local_world_var,
+           "local ranks count from 0 to the ranks on the node - 1")
+    _below(node_rank, node_var, world, world_var, "a job has fewer nodes than ranks")
+    rank, world, local_world = rank or 0, world or 1, local_world or 0
     source = f"env:{local_var}" if local_var else "default"
-    if local < 0:
-        if device.isdigit():
-            local, source = int(device), "env:DEVICE_ID"
+    if local is None:
+        if device_id is not None:
+            local, source = device_id, "env:DEVICE_ID"
         elif local_world:
             local, source = rank % local_world, "env:rank%local_world_size"
         else:
             local = 0
-    node_rank, node_var = _first_int(env, NODE_RANK_VARS, 0)
-    if node_var is None and local_world:
-        node_rank = rank // local_world
-    return RankIdentity(rank=rank, local_rank=local, world_size=max(world, 1),
+    if node_var is None:
+        node_rank = rank // local_world if local_world else 0
+    device = "" if device_id is None else str(device_id)
+    return RankIdentity(rank=rank, local_rank=local, world_size=world,
                         node=socket.gethostname(), device_id=physical_device(device, env),
-                        local_world_size=local_world, node_rank=node_rank,
+                        local_world_size=local_world, node_rank=node_rank or 0,
                         pod_name=_first_str(env, POD_VARS),
                         namespace=_first_str(env, NAMESPACE_VARS), local_rank_source=source,
                         node_rank_from_env=node_var is not None)
+
+
+def _below(value: int | None, name: str | None, bound: int | None, bound_name: str | None,
+           rule: str) -> None:
+    if value is not None and bound is not None and value >= bound:
+        raise ConfigError(ENV_SOURCE, name, f"{name}={value} is not below {bound_name}={bound} "
+                          f"({rule})", f"correct {name} or {bound_name}: the launcher sets both "
+                          f"(a job started by hand must set them consistently)")
 
 
 def rank_port(base: int, identity: RankIdentity, source: str = "<kwargs>",
@@ -155,11 +194,16 @@ def rank_port(base: int, identity: RankIdentity, source: str = "<kwargs>",
                           f"two ranks on this node would serve the same port",
                           "launch with msrun/torchrun (they set the local rank) or set "
                           "LOCAL_RANK correctly; or set prometheus.port: 0")
-    last = base + max(local_world, local + 1) - 1
+    ranks = max(local_world, local + 1)
+    last = base + ranks - 1
     if last > MAX_PORT:
+        highest = MAX_PORT - ranks + 1
+        variable = identity.local_rank_source.removeprefix("env:")
+        fix = f"use a base port of at most {highest}" if highest >= 1024 else (
+            f"{ranks} ranks on one node cannot each serve a port: check the local rank "
+            f"{local} (from {variable}) and the ranks on the node, or set prometheus.port: 0")
         raise ConfigError(source, key, f"{who}: the node's ports {base}..{last} (port + local "
-                          f"rank) run past {MAX_PORT}",
-                          f"use a base port of at most {MAX_PORT - max(local_world, local + 1) + 1}")
+                          f"rank) run past {MAX_PORT}", fix)
     return base + local
 
 

@@ -2,33 +2,45 @@
 
 Gauges and counters are *observable* instruments reading `TrainState`: the training thread
 only assigns attributes (well under a microsecond each) and the SDK does its work when a
-reader collects. Step durations are appended to a list and handed to the SDK histogram at
-collection time (or every PENDING_LIMIT steps), which keeps the SDK's ~10 us per-record
-attribute hashing off the training thread.
+reader collects. Step durations are appended to a queue and handed to the SDK histogram at
+collection time, which keeps the SDK's ~10 us per record off the training thread; when no
+reader collected for PENDING_LIMIT steps (no scrape, no OTLP push), a short-lived thread
+hands them over, so memory stays bounded and the training thread never does.
+
+The loss and the gradient norm are kept as they are (NaN, +Inf, -Inf). The OTel SDK drops
+non-finite measurements, so their instruments observe the last finite value (what an OTLP
+push carries), and `nonfinite_values()` tells /metrics what to show instead, at collection.
 """
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from math import isfinite
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
 from .contract import CONTRACT, STATUS_INITIALISING, STEP_TIME_BUCKETS, MetricSpec
 
 #: Label values pre-created at 0 so that `increase()` sees the very first event.
 NONFINITE_METRICS = ("loss", "grad_norm")
-ERROR_STAGES = ("callback", "extract", "sink", "server", "otlp", "alertmanager")
+ERROR_STAGES = ("callback", "extract", "sink", "server", "scrape", "otlp", "alertmanager")
 PENDING_LIMIT = 4096
 #: Cardinality `health`: these are exposed only by the metric ranks (one per data-parallel
 #: group); every rank keeps its health signals and an +Inf-only step-time histogram.
+#: A native metric's series: label set -> (labels, value).
+_NativeSeries = dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]]
+#: Gauges /metrics exposes as they are, NaN and Inf included (mfotel.telemetry).
+AS_IS = ("loss", "grad_norm")
 RANK_VALUE_KEYS = frozenset({"loss", "learning_rate", "grad_norm", "throughput",
                              "device_tokens", "mfu"})
 
 
 @dataclass
 class TrainState:
-    """Current values; None means "not reported" (the series is absent)."""
+    """Current values; None means "not reported" (the series is absent). `loss` and
+    `grad_norm` are as the step gave them, NaN/Inf included."""
 
     loss: float | None = None
     learning_rate: float | None = None
@@ -41,6 +53,8 @@ class TrainState:
     step: int | None = None
     steps: int = 0
     last_step_timestamp: float | None = None
+    step_outside: float = 0.0               # seconds outside the timed steps, summed
+    step_begin_timestamp: float | None = None  # unix time the current / last step began
     loss_finite: int | None = None
     overflow: int | None = None
     loss_scale: float | None = None
@@ -83,10 +97,13 @@ class Instruments:
         self.state = TrainState()
         self.selected = frozenset(selected)
         self._info_attributes = {**self.attributes, **(identity_labels or {})}
-        self._native: dict[str, dict[frozenset, tuple[dict[str, str], float]]] = {}
+        self._native: dict[str, _NativeSeries] = {}
         self._native_lock = threading.Lock()
-        self._histogram = None
-        self._pending_seconds: list[float] = []
+        self._histogram: Histogram | None = None
+        self._as_is: list[MetricSpec] = []   # created gauges of AS_IS
+        self._pending_seconds: deque[float] = deque()  # append / popleft: thread-safe
+        self._recording = threading.Lock()   # one thread at a time hands durations over
+        self._handing_over = False           # a hand-over thread runs
         self.cardinality = cardinality  # full | health (multi-rank scale)
         for spec in CONTRACT:
             if spec.seed_metric is None or spec.seed_metric in self.selected:
@@ -105,6 +122,8 @@ class Instruments:
                    else self.meter.create_observable_gauge)
         factory(spec.otel_name, callbacks=[self._observer(spec.key)], unit=spec.unit,
                 description=spec.description)
+        if spec.key in AS_IS:
+            self._as_is.append(spec)
 
     def _observer(self, key: str) -> Callable[[CallbackOptions], list[Observation]]:
         state, attrs = self.state, self.attributes
@@ -116,17 +135,41 @@ class Instruments:
                 return [Observation(1, info)]
             return observe_info
         if key == "actions":  # mfotel.actions.engine: (action, source) -> count
-            return lambda options: [Observation(count, {**attrs, "action": action, "source": source})
-                                    for (action, source), count in list(state.actions.items())]
+            return lambda options: [
+                Observation(count, {**attrs, "action": action, "source": source})
+                for (action, source), count in list(state.actions.items())]
         if key in ("nonfinite", "export_errors"):
             label = "metric" if key == "nonfinite" else "stage"
             return lambda options: [Observation(count, {**attrs, label: name})
                                     for name, count in getattr(state, key).items()]
 
+        if key in AS_IS:
+            return self._last_finite_observer(key)
+
         def observe(options: CallbackOptions) -> list[Observation]:
             value = getattr(state, key)
             return [] if value is None else [Observation(value, attrs)]
         return observe
+
+    def _last_finite_observer(self, key: str) -> Callable[[CallbackOptions], list[Observation]]:
+        """Observes the last finite value of `key`: a NaN observed would remove the series
+        from the OTel readers until the next finite one."""
+        state, attrs = self.state, self.attributes
+        last: list[float] = []   # the last finite value, once there is one
+
+        def observe(options: CallbackOptions) -> list[Observation]:
+            value = getattr(state, key)
+            if value is not None and isfinite(value):
+                last[:] = [value]
+            return [] if value is None else [Observation(v, attrs) for v in last]
+        return observe
+
+    def nonfinite_values(self) -> list[tuple[MetricSpec, dict[str, str], float]]:
+        """(spec, labels, value) of each AS_IS gauge whose value is NaN/Inf now: what /metrics
+        shows in place of the last finite value the OTel instrument carries."""
+        state = self.state
+        return [(spec, self.attributes, value) for spec in self._as_is
+                if (value := getattr(state, spec.key)) is not None and not isfinite(value)]
 
     # ------------------------------------------------------------ recording
     def touch(self) -> None:
@@ -136,17 +179,35 @@ class Instruments:
     def record_step_seconds(self, seconds: float) -> None:
         """Queue one step duration for the histogram (recorded into the SDK at collection)."""
         if self._histogram is not None:
-            self._pending_seconds.append(seconds)
-            if len(self._pending_seconds) >= PENDING_LIMIT:
-                self.flush()
+            pending = self._pending_seconds
+            pending.append(seconds)
+            if len(pending) >= PENDING_LIMIT and not self._handing_over:
+                self._handing_over = True
+                threading.Thread(target=self._hand_over, name="mfotel-histogram",
+                                 daemon=True).start()
+
+    @property
+    def pending_step_durations(self) -> int:
+        """Step durations queued for the histogram (handed over at the next collection)."""
+        return len(self._pending_seconds)
+
+    def _hand_over(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._handing_over = False
 
     def flush(self) -> None:
-        """Hand queued step durations to the SDK histogram (any thread)."""
-        pending, self._pending_seconds = self._pending_seconds, []
-        for seconds in pending:
-            self._histogram.record(seconds, self.attributes)
+        """Hand queued step durations to the SDK histogram (any thread; a collection waits for
+        a hand-over under way, so it sees every duration queued before it)."""
+        with self._recording:
+            pending, histogram, attributes = self._pending_seconds, self._histogram, \
+                self.attributes
+            while pending and histogram is not None:
+                histogram.record(pending.popleft(), attributes)
 
     def count_error(self, stage: str) -> None:
+        """One more error swallowed at `stage` (mfotel_export_errors_total{stage})."""
         errors = self.state.export_errors
         errors[stage] = errors.get(stage, 0) + 1
         self.version += 1

@@ -37,10 +37,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol, Union
+from typing import Any, Protocol
 
-Handler = Union[Callable[[int, Any], Any], int, None]
+Handler = Callable[[int, Any], Any] | int | None
 log = logging.getLogger("mfotel")
 
 TERMINATING = (signal.SIGTERM, signal.SIGINT)
@@ -54,8 +55,13 @@ _POLL_SECONDS = 0.05
 class Finishable(Protocol):
     """What the guard needs from a monitor."""
 
-    closed: bool
-    closing_thread: int | None  # ident of the thread running close(), while it runs
+    @property
+    def closed(self) -> bool:
+        """Whether close() has nothing left to do."""
+
+    @property
+    def closing_thread(self) -> int | None:
+        """Ident of the thread running close(), once it began."""
 
     def on_signal(self, signum: int, failure: str | None) -> None:
         """Mark the run cancelled, or failed when `failure` (a dead child) explains the signal;

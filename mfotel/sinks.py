@@ -5,6 +5,11 @@ local time with its UTC offset and milliseconds (`time: 2025-12-02T18:30:00.123+
 time field is always last and has a fixed shape, so a reader can tell a whole line from one
 cut short (a full disk, a killed process) and place the line in time without being told when
 the run started.
+
+Lines are formatted and written off the training thread: the callback hands each record to a
+`LineWriter` (one queue put), whose thread writes the lines in the order they were submitted.
+`flush()` returns once every line submitted before it is written; the monitor flushes when
+the run ends (close, a terminating signal through mfotel.lifecycle, interpreter exit).
 """
 from __future__ import annotations
 
@@ -13,11 +18,14 @@ import json
 import math
 import os
 import sys
+import threading
 import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import IO, Callable, Mapping
+from typing import IO, Protocol
 
 PREFIX = "[Monitor]"
 TIME_KEY = "time"
@@ -62,9 +70,17 @@ def format_value(name: str, value: float) -> str:
     return line_field(name).format(value)
 
 
+_zone: list[tuple[int, tzinfo | None]] = [(-1, None)]   # (minute, local zone at that minute)
+
+
 def format_time(now: float) -> str:
     """`2025-12-02T18:30:00.123+08:00`: local time, milliseconds, the UTC offset."""
-    return datetime.fromtimestamp(now).astimezone().isoformat(timespec="milliseconds")
+    minute = int(now // 60)
+    cached, zone = _zone[0]
+    if cached != minute:  # the offset can change (DST) only at a minute's start
+        zone = datetime.fromtimestamp(now).astimezone().tzinfo
+        _zone[0] = (minute, zone)
+    return datetime.fromtimestamp(now, zone).isoformat(timespec="milliseconds")
 
 
 def format_line(step: int, values: Mapping[str, float | None], now: float | None = None) -> str:
@@ -175,3 +191,133 @@ class FileSink:
             except OSError:
                 pass  # nothing is buffered: every line was written (or not) by os.write
             self._fd = None
+
+
+class Sink(Protocol):
+    def write(self, line: str) -> None:
+        """Write one whole line (without its newline); raise on failure."""
+
+
+class _Flush:
+    """A marker in the queue: set once every line before it was written."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+_STOP = object()
+
+
+class LineWriter:
+    """Formats and writes monitor lines on a thread of its own, in submission order.
+
+        writer = LineWriter([(ConsoleSink(), False), (FileSink(path), True)], rank=0,
+                            job_name="llama", on_error=count)   # (sink, JSON?) pairs
+        writer.submit(step, epoch, values, time.time())  # the training thread: a queue append
+        writer.flush()   # every line submitted so far is written (bounded wait)
+        writer.close()   # flush, stop the thread, close the file sinks
+
+    The thread wakes every BATCH_SECONDS (at once for flush and close) and writes what
+    waits: one wake per batch, not per line, and the training thread never waits for it.
+    A failing sink (a full disk, a closed stream) is reported through `on_error(exc)` and
+    the other sinks still get the line. `values` must not change after submit().
+    Should the sinks stop taking lines (a console pipe nobody reads), at most MAX_PENDING
+    lines wait; further ones are dropped and reported, so memory stays bounded.
+    """
+
+    MAX_PENDING = 10_000
+    FLUSH_SECONDS = 2.0
+    BATCH_SECONDS = 0.05
+
+    def __init__(self, sinks: Sequence[tuple[Sink, bool]], rank: int, job_name: str,
+                 on_error: Callable[[BaseException], None] = lambda exc: None) -> None:
+        self.sinks = list(sinks)
+        self.rank, self.job_name, self.on_error = rank, job_name, on_error
+        self.dropped = 0
+        self._queue: deque[object] = deque()   # append / popleft: thread-safe
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._start_lock = threading.Lock()
+
+    def submit(self, step: int, epoch: int, values: Mapping[str, float | None],
+               wall: float) -> None:
+        """Queue the lines of one record (training thread); after close(), write them here."""
+        if self._thread is None:
+            if self._closed:
+                self._write(step, epoch, values, wall)
+                return
+            self._start()
+        if len(self._queue) >= self.MAX_PENDING:
+            self.dropped += 1
+            self.on_error(OSError(errno.EAGAIN, f"{self.MAX_PENDING} monitor lines wait for "
+                                                f"a sink that does not take them; line dropped"))
+            return
+        self._queue.append((step, epoch, values, wall))
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="mfotel-lines",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.BATCH_SECONDS)
+            self._wake.clear()
+            if self._drain():
+                return
+
+    def _drain(self) -> bool:
+        """Write what waits, in order; True when the stop marker came."""
+        queue = self._queue
+        while queue:
+            item = queue.popleft()
+            if item is _STOP:
+                return True
+            if isinstance(item, _Flush):
+                item.done.set()
+            else:
+                self._write(*item)  # type: ignore[misc]
+        return False
+
+    def _write(self, step: int, epoch: int, values: Mapping[str, float | None],
+               wall: float) -> None:
+        text: str | None = None
+        for sink, as_json in self.sinks:
+            try:
+                if as_json:
+                    sink.write(format_json(step, epoch, self.rank, self.job_name, values, wall))
+                else:
+                    text = text or format_line(step, values, wall)
+                    sink.write(text)
+            except Exception as exc:  # noqa: BLE001 - a full disk must not stop the others
+                self.on_error(exc)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every line submitted so far is written; False if `timeout` (default
+        FLUSH_SECONDS) passed first. Without a running thread the lines are written here."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            self._drain()   # the writer is gone (after a fork, at interpreter exit)
+            return True
+        marker = _Flush()
+        self._queue.append(marker)
+        self._wake.set()
+        return marker.done.wait(self.FLUSH_SECONDS if timeout is None else timeout)
+
+    def close(self) -> None:
+        """Flush, stop the thread and close the file sinks; idempotent."""
+        flushed = self.flush()
+        self._closed = True
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._queue.append(_STOP)
+            self._wake.set()
+            if flushed:
+                thread.join(self.FLUSH_SECONDS)
+        self._thread = None  # lines submitted from now on are written by submit() itself
+        for sink, _ in self.sinks:
+            if isinstance(sink, FileSink):
+                sink.close()

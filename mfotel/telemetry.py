@@ -5,23 +5,27 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import ObservableGauge
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.metrics import MeterProvider, ObservableGauge
+from opentelemetry.sdk.metrics.export import CardinalityLimits, MetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from .config import MonitorConfig
-from .exposition import CachedMetricsApp, CachingCollector, Router, WsgiApp
-from .metrics_server import MetricsServer, Limits
+from .contract import MetricSpec
+from .endpoint import serve as serve_endpoint
+from .endpoint.exposition import CachedMetricsApp, CachingCollector, Router
+from .endpoint.server import Limits, Server
+from .endpoint.webconfig import WebConfig, endpoint_web_config
+from .endpoint.wsgi import WsgiApp
 from .identity import RankIdentity
-from .webconfig import WebConfig, certificate_files, load_web_config
 
 if TYPE_CHECKING:
     from .cluster.otlp import OtlpPush
@@ -87,10 +91,36 @@ class _Labelled:
         self.collector, self.labels = collector, labels
 
     def collect(self) -> list[Metric]:
-        families = self.collector.collect()
+        families = list(self.collector.collect())
         for family in families:
             family.samples = [s._replace(labels={**s.labels, **self.labels})
                               for s in family.samples]
+        return families
+
+
+#: (spec, labels, value) of the gauges whose value is NaN/Inf now (Instruments.nonfinite_values)
+NonFiniteValues = Callable[[], Iterable[tuple[MetricSpec, dict[str, str], float]]]
+
+
+class _AsIs:
+    """The OTel reader's families with the loss and grad norm as they are: where the value is
+    NaN/Inf, the sample the reader made of the last finite value (the SDK drops non-finite
+    measurements) gets the value itself, which prometheus_client writes as NaN, +Inf, -Inf.
+    Runs at collection (a scrape), never on the training thread."""
+
+    def __init__(self, source: CollectorRegistry, values: NonFiniteValues) -> None:
+        self.source, self.values = source, values
+
+    def collect(self) -> list[Metric]:
+        families = list(self.source.collect())
+        for spec, labels, value in self.values():
+            name = spec.prometheus_name
+            family = next((f for f in families if f.name == name), None)
+            if family is None:  # no finite value yet: the reader has no series of it
+                family = GaugeMetricFamily(name, spec.description)
+                families.append(family)
+            family.samples = [*(s for s in family.samples if s.labels != labels),
+                              Sample(name, dict(labels), value)]
         return families
 
 
@@ -113,7 +143,7 @@ def _each_second() -> int:
 class Endpoint:
     host: str
     port: int
-    server: MetricsServer
+    server: Server
     scheme: str = "http"
 
     @property
@@ -126,6 +156,45 @@ class Endpoint:
     def page_url(self) -> str:
         """The live page (mfotel.ui), when it is on."""
         return self.url[:-len("metrics")]
+
+
+#: Hosts that bind every interface, and loopback ones (which other machines cannot reach).
+_WILDCARD = ("", "0.0.0.0", "::", "[::]")
+_LOOPBACK = ("localhost", "::1", "[::1]")
+
+
+def local_endpoints_line(cfg: MonitorConfig, identity: RankIdentity, job_name: str,
+                         scheme: str = "http", page: bool = False,
+                         served: bool = True) -> str | None:
+    """The line the logging rank prints at train begin: where every rank of its node serves
+    /metrics (port + local rank) and, with `page`, the live page. None on the other ranks
+    (only the node's first rank of `output.log_rank` says it) and when the endpoint is off.
+
+    A wildcard host is shown as the machine's name; a loopback host is shown as it is, with a
+    note that other machines cannot reach it. `served`: whether this rank's own port was bound.
+    """
+    base = cfg.prometheus.port
+    local, ranks = identity.local_rank, identity.local_world_size
+    first = identity.rank - local
+    node = range(first, first + ranks) if ranks else (identity.rank,)
+    if not base or next((r for r in node if cfg.logs_on(r)), None) != identity.rank:
+        return None
+    host, note = cfg.prometheus.host, ""
+    if host in _WILDCARD:
+        host, note = identity.node or platform.node(), " (listening on every interface)"
+    elif host in _LOOPBACK or host.startswith("127."):
+        note = (" (loopback only: other machines cannot reach it; set "
+                "monitor_config.prometheus.host to serve them)")
+    host = f"[{host.strip('[]')}]" if ":" in host else host
+    addresses = []
+    for i in range(ranks) if ranks else (local,):
+        address = f"{scheme}://{host}:{base + i}/metrics (local rank {i})"
+        addresses.append(address if served or i != local else
+                         address + " [not served: see the warning above]")
+    pages = (f"; the live page at / of each port, e.g. {addresses[0].split('metrics')[0]}"
+             if page else "")
+    return (f"mfotel: job {job_name} on {identity.node or platform.node()}: /metrics at "
+            f"{', '.join(addresses)}{pages}{note}")
 
 
 class Telemetry:
@@ -143,26 +212,21 @@ class Telemetry:
     """
 
     def __init__(self, cfg: MonitorConfig, identity: RankIdentity, job_name: str,
-                 on_error: Callable[[str], None] = lambda stage: None) -> None:
+                 on_error: Callable[[str], None] = lambda stage: None,
+                 web: WebConfig | None = None) -> None:
         self.cfg, self.identity, self.job_name = cfg, identity, job_name
         self.on_error = on_error
         self.registry = CollectorRegistry(auto_describe=False)   # what /metrics serves
-        self._sources = (CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False))
+        self._sources = (CollectorRegistry(auto_describe=False),
+                         CollectorRegistry(auto_describe=False))
         self.providers: list[MeterProvider] = []
         self.native_meter: Any = None
         self.endpoint: Endpoint | None = None
         self._otlp: OtlpPush | None = None
         self.app: CachedMetricsApp | None = None
         self.extra_routes: dict[str, WsgiApp] = {}  # documented paths beside /metrics (mfotel.ui)
-        self.web = self._web_config()
-
-    def _web_config(self) -> WebConfig | None:
-        prom = self.cfg.prometheus
-        if prom.web_config_file:
-            return load_web_config(prom.web_config_file)
-        if prom.certfile:
-            return certificate_files(prom.certfile, prom.keyfile or "", self.cfg.source)
-        return None
+        #: TLS and auth of the endpoint: `web` when the caller loaded it, else read from cfg
+        self.web = web if web is not None else endpoint_web_config(cfg.prometheus, cfg.source)
 
     @property
     def cert_file(self) -> str | None:
@@ -177,11 +241,12 @@ class Telemetry:
 
     def _readers(self, source: CollectorRegistry, native: bool) -> Sequence[MetricReader]:
         # native per-parameter metrics may exceed OTel's 2000-series cap: raised on purpose
-        limits = {ObservableGauge: self.cfg.native_series_limit} if native else None
+        limits: CardinalityLimits | None = (
+            {ObservableGauge: self.cfg.native_series_limit} if native else None)
         readers: list[MetricReader] = [PrometheusMetricReader(
             disable_target_info=native, scope_info_enabled=False, registry=source,
             cardinality_limits=limits)]
-        if self.cfg.otlp.endpoint:  # push, off the training thread; one warning (mfotel.cluster.otlp)
+        if self.cfg.otlp.endpoint:  # push off the training thread, one warning (cluster.otlp)
             from .cluster.otlp import OtlpPush
             self._otlp = self._otlp or OtlpPush(self.cfg.otlp, lambda: self.on_error("otlp"))
             readers.append(self._otlp.reader(cardinality_limits=limits))
@@ -192,19 +257,22 @@ class Telemetry:
         silence_nonfinite_warnings()
         resource = build_resource(self.job_name, self.identity, dict(self.cfg.resource_attributes))
         version = _version("mfotel") or None
-        self.providers = [MeterProvider(metric_readers=self._readers(source, native), resource=resource)
-                          for source, native in zip(self._sources, (False, True))]
+        self.providers = [MeterProvider(metric_readers=self._readers(source, native),
+                                        resource=resource)
+                          for source, native in zip(self._sources, (False, True), strict=True)]
         self.native_meter = self.providers[1].get_meter(SCOPE + ".native", version)
         return self.providers[0].get_meter(SCOPE, version)
 
     def serve(self, version: Callable[[], Hashable] = object,
-              native_version: Callable[[], Hashable] = object) -> None:
+              native_version: Callable[[], Hashable] = object,
+              nonfinite: NonFiniteValues = list) -> None:
         """Serve /metrics on host:port + local rank; a busy port warns and counts, never raises.
 
         `version` / `native_version` change whenever the values behind each provider change
-        (the default, `object`, never repeats: no caching).
+        (the default, `object`, never repeats: no caching). `nonfinite` gives the gauges to
+        show as they are (NaN/Inf) in place of their last finite value.
         """
-        collectors = [CachingCollector(self._sources[0], version),
+        collectors = [CachingCollector(_AsIs(self._sources[0], nonfinite), version),
                       CachingCollector(self._sources[1], native_version, NATIVE_COLLECT_BUDGET)]
         if self.cfg.cardinality != "health":  # health: the fewest series per rank
             labels = {"job_name": self.job_name, "rank": str(self.identity.rank)}
@@ -215,16 +283,11 @@ class Telemetry:
         port, prom = self.port, self.cfg.prometheus
         if not port:
             return
-        app: WsgiApp = Router(self.routes())
-        tls = self.web.tls if self.web is not None else None
-        if self.web is not None:
-            app = self.web.wrap(app, prom.auth_failures_per_second)
         limits = Limits(max_connections=prom.max_connections,
                         request_timeout=prom.request_timeout_seconds)
         try:
-            server = MetricsServer(app, prom.host, port, tls.context() if tls else None, limits,
-                                tls.accepts_peer if tls and tls.client_allowed_sans else None,
-                                self.on_error).start()
+            server = serve_endpoint(Router(self.routes()), prom.host, port, self.web, limits,
+                                    prom.auth_failures_per_second, self.on_error)
         except OSError as exc:
             self.on_error("server")
             log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training continues "

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install what mfotel needs into ./.venv (idempotent). Usage: scripts/bootstrap.sh [demo|test]
 #   demo: the package with MindSpore (CPU)
-#   test: everything: mindformers, dev tools, and Debian's prometheus + alertmanager binaries
-#         and chromium (the live page's browser tests)
+#   test: everything: mindformers, dev tools, and Debian's prometheus + alertmanager binaries,
+#         chromium (the live page's browser tests) and victoria-metrics (the remote_write store)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-test}"
@@ -28,6 +28,9 @@ if [ "$mode" = "test" ]; then
     { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null || missing+=(prometheus-alertmanager)
     # the live page's browser tests: Playwright drives this binary (it never downloads one)
     [ -x /usr/bin/chromium ] || missing+=(chromium)
+    # the long-term store of examples/prometheus/victoriametrics.yml (remote_write), queried
+    # by the dashboards test through its Prometheus-compatible API
+    command -v victoria-metrics >/dev/null || missing+=(victoria-metrics)
     if [ ${#missing[@]} -gt 0 ]; then
         echo "bootstrap: installing Debian packages: ${missing[*]}"
         sudo=""
@@ -35,7 +38,8 @@ if [ "$mode" = "test" ]; then
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
-    # The Debian packages may start system services on the default ports (9090, 9093, 9100).
+    # The Debian packages may start system services on the default ports (9090, 9093, 9100,
+    # 8428).
     # They are left alone: the tests start their own servers on free loopback ports, with
     # their own data directories and Alertmanager clustering off.
 fi

@@ -1,37 +1,77 @@
-"""Shared test helpers: scrape a real /metrics endpoint and read values back."""
+"""Fixtures of every test: a free port, a temporary working directory, no launcher variables,
+rank exporters, certificates; and the guard that fails a module, or the run, when a process
+a test started outlives it (tests/support/leaks.py)."""
 from __future__ import annotations
 
 import os
-import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from mfotel.demo.stack import free_port
+from mfotel.localstack.servers import free_port_block
+from tests.support import leaks
+from tests.support.endpoint import Pki, make_pki, self_signed
+from tests.support.ranks import RankExporter, rank_exporter
+from tests.support.users import shared_dir
 
-
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read().decode()
-
-
-def samples(body: str) -> dict[tuple[str, frozenset], float]:
-    """(sample name, frozenset(labels)) -> value, from a text exposition."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(body) for s in family.samples}
+_LEFT_RUNNING = pytest.StashKey[str]()
 
 
-def value(body_samples: dict, name: str, **labels: str) -> float | None:
-    """The value of the one sample named `name` whose labels include `labels`."""
-    found = [v for (n, lab), v in body_samples.items() if n == name and set(labels.items()) <= lab]
-    assert len(found) <= 1, f"{name}{labels} is ambiguous: {found}"
-    return found[0] if found else None
+def pytest_configure(config: pytest.Config) -> None:
+    xdist_controller = bool(getattr(config.option, "numprocesses", None)) \
+        and not hasattr(config, "workerinput")
+    leaks.mark_this_process(runs_tests=not xdist_controller)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mindspore_on_the_cpu() -> None:
+    """MindSpore's device is per process and can only be set before the first kernel runs: set
+    it once per test process, as a training script does first, so that no test depends on
+    which test ran before it in the same process (xdist workers run modules in any order)."""
+    os.environ.setdefault("GLOG_v", "3")
+    import mindspore  # a test dependency: fail, never skip
+    mindspore.set_device("CPU")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _nothing_outlives_the_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After the module's tests and fixtures: no process they started may still run."""
+    yield
+    found = leaks.survivors()
+    if found:
+        pytest.fail(f"{request.node.nodeid} left {len(found)} process(es) running "
+                    f"(killed now):\n{leaks.end(found)}", pytrace=False)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end tests first: with `pytest -n`, the long ones start while the short ones
+    fill the gaps (the order within each folder is kept)."""
+    items.sort(key=lambda item: "tests/e2e/" not in item.nodeid)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # a worker: its modules were checked; the controller checks the run
+    found = leaks.session_survivors()
+    if found:
+        session.config.stash[_LEFT_RUNNING] = leaks.end(found)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    report = config.stash.get(_LEFT_RUNNING, None)
+    if report:
+        terminalreporter.section("processes left running by the tests (killed)", red=True)
+        terminalreporter.write_line(report)
 
 
 @pytest.fixture
 def port() -> int:
-    return free_port()
+    """A free port below the ephemeral range (where no outgoing connection can take it)."""
+    return free_port_block(1)
 
 
 @pytest.fixture
@@ -41,25 +81,43 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
-def step_scraper(url: str, steps: set[int] | None = None) -> Any:
-    """A MindSpore callback that scrapes `url` at the end of each step (after the monitor)."""
-    from mindspore.train import Callback
-
-    class StepScraper(Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bodies: dict[int, dict] = {}
-
-        def on_train_step_end(self, run_context: Any) -> None:
-            step = int(run_context.original_args().cur_step_num)
-            if steps is None or step in steps:
-                self.bodies[step] = samples(scrape(url))
-    return StepScraper()
-
-
 @pytest.fixture(autouse=True)
 def _no_rank_env(monkeypatch):
     """Tests start as a single rank-0 process unless they set the launcher variables."""
     for name in ("RANK_ID", "RANK", "RANK_SIZE", "WORLD_SIZE", "LOCAL_RANK", "DEVICE_ID"):
         monkeypatch.delenv(name, raising=False)
     os.environ.setdefault("GLOG_v", "3")
+
+
+@pytest.fixture
+def rank_exporters() -> Iterator[Callable[..., RankExporter]]:
+    """A factory of hand-built rank exporters (tests.support.ranks.rank_exporter), every one
+    shut down after the test."""
+    made: list[RankExporter] = []
+
+    def make(*args: Any, **kwargs: Any) -> RankExporter:
+        made.append(rank_exporter(*args, **kwargs))
+        return made[-1]
+    yield make
+    for exporter in made:
+        exporter.shutdown()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with a self-signed certificate for 127.0.0.1: cert.pem, key.pem."""
+    return self_signed(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA, a server certificate and client certificates (tests.support.endpoint.Pki)."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory every user may enter, removed afterwards (the control files' permission
+    tests switch users: tests/support/users.py)."""
+    with shared_dir() as path:
+        yield path

@@ -17,26 +17,44 @@ regular files are opened (a FIFO, device, socket or directory at the path is rep
 read), without blocking (`O_NONBLOCK`, the type checked again on the open descriptor), and at
 most `CONTROL_MAX_BYTES` / `SCHEDULE_MAX_BYTES` are read.
 
+Permissions (the writer is often another user than the trainer: an operator, the receiver's
+service account). The directory's mode is the access control:
+- every file written there is readable by whoever may enter the directory (owner read-write,
+  group-read when the directory lets its group in, others-read when it lets others in), and
+  takes the directory's group; a writer running as root gives the file to the trainer's user;
+- in a shared control root with the setgid bit (`chgrp mlops /shared/mfotel-control && chmod
+  2770 /shared/mfotel-control`), rank 0 creates the job's directory with the root's group
+  permissions, so every member of the group may write requests and the trainer reads them;
+- rank 0 records who the trainer is (uid, groups) in `schedule.json` at train begin; before
+  a request replaces `control.json`, the writer checks that this user can read it, and when
+  it could not, writes nothing and fails naming the file, the trainer's user and the fix.
+
 No MindSpore import here: the CLI and the alerts receiver run anywhere.
 """
 from __future__ import annotations
 
 import argparse
+import grp
 import hashlib
 import json
 import math
 import os
+import pwd
 import re
+import stat
 import sys
 import tempfile
 import time
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
+from ..config.keys import LR_FACTOR_RANGE
 from ..regular_file import NotRegularFile, read_regular_file
+from ..subcommand import Subcommand
 
 CONTROL_FILE = "control.json"
 SCHEDULE_FILE = "schedule.json"
@@ -68,7 +86,7 @@ class Request:
         return f"{what} (source {self.source}{': ' + reason if reason else ''})"
 
     @classmethod
-    def from_json(cls, data: Any) -> "Request":
+    def from_json(cls, data: Any) -> Request:
         """Request from parsed JSON; ValueError (only) naming what is wrong."""
         if not isinstance(data, dict):
             raise ValueError(f"a request must be a JSON object, not {_json_kind(data)}")
@@ -133,8 +151,10 @@ def new_request(action: Any, factor: Any = None, source: str = "control", reason
             number = _finite(factor, "factor")
         except ValueError:
             number = -1.0
-        if not number > 0:
-            raise ValueError(f"scale_lr needs a positive factor, not {_short(factor)}")
+        low, high = LR_FACTOR_RANGE
+        if not low <= number <= high:
+            raise ValueError(f"scale_lr needs a positive factor from {low:g} to {high:g} (the "
+                             f"bounds of actions.*.factor), not {_short(factor)}")
         factor = number
     else:
         factor = None
@@ -147,15 +167,128 @@ def new_request(action: Any, factor: Any = None, source: str = "control", reason
                    time.time() if created is None else created, step)
 
 
+# ---------------------------------------------------------------- who may read the files
+@dataclass(frozen=True)
+class Trainer:
+    """The user rank 0 runs as (recorded in schedule.json): who must be able to read requests."""
+
+    uid: int
+    groups: frozenset[int]
+    user: str = ""
+
+    @classmethod
+    def current(cls) -> Trainer:
+        uid = os.geteuid()
+        return cls(uid, frozenset({os.getegid(), *os.getgroups()}), _user_name(uid))
+
+    @classmethod
+    def of_uid(cls, uid: int) -> Trainer:
+        """From the user database (groups unknown when the user is not in it)."""
+        try:
+            entry = pwd.getpwuid(uid)
+            return cls(uid, frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid)), entry.pw_name)
+        except (KeyError, OSError):
+            return cls(uid, frozenset())
+
+    def can_read(self, st: os.stat_result) -> bool:
+        """Whether this user may read a file of `st`'s owner, group and mode (POSIX classes)."""
+        if self.uid == 0:
+            return True
+        if self.uid == st.st_uid:
+            return bool(st.st_mode & stat.S_IRUSR)
+        if st.st_gid in self.groups:
+            return bool(st.st_mode & stat.S_IRGRP)
+        return bool(st.st_mode & stat.S_IROTH)
+
+    def describe(self) -> str:
+        return f"user {self.user} (uid {self.uid})" if self.user else f"uid {self.uid}"
+
+    def record(self) -> dict[str, Any]:
+        return {"uid": self.uid, "groups": sorted(self.groups), "user": self.user}
+
+
+class NotReadableByTrainer(PermissionError):
+    """The request would be written where the trainer cannot read it: nothing was written."""
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return ""
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"
+
+
+def trainer_of(job_dir: Path) -> Trainer | None:
+    """The trainer of `job_dir`: the user rank 0 recorded in (and owning) schedule.json."""
+    path = job_dir / SCHEDULE_FILE
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return None   # no run has started here yet
+    try:
+        record = json.loads(read_regular_file(os.fspath(path), SCHEDULE_MAX_BYTES)).get("trainer")
+        if isinstance(record, dict) and record.get("uid") == owner:
+            groups = [g for g in record.get("groups", []) if isinstance(g, int)]
+            return Trainer(owner, frozenset(groups), str(record.get("user", ""))[:64])
+    except (OSError, ValueError, AttributeError, RecursionError):
+        pass          # not readable by this user, or an older schedule: the user database
+    return Trainer.of_uid(owner)
+
+
+def file_mode(dir_mode: int) -> int:
+    """Owner read-write; group and others may read when the directory lets them in."""
+    mode = stat.S_IRUSR | stat.S_IWUSR
+    if dir_mode & stat.S_IXGRP:
+        mode |= stat.S_IRGRP
+    if dir_mode & stat.S_IXOTH:
+        mode |= stat.S_IROTH
+    return mode
+
+
+def _share(fd: int, directory: os.stat_result, trainer: Trainer | None) -> None:
+    """Give the new file the directory's group (root: also the trainer's user) and mode."""
+    owner = -1
+    if os.geteuid() == 0:
+        owner = trainer.uid if trainer is not None else directory.st_uid
+    try:
+        os.fchown(fd, owner, directory.st_gid)
+    except PermissionError:  # not a member of the directory's group: keep the writer's own
+        pass
+    os.fchmod(fd, file_mode(directory.st_mode))
+
+
+def _not_readable(path: Path, st: os.stat_result, trainer: Trainer) -> NotReadableByTrainer:
+    name = trainer.user or str(trainer.uid)
+    return NotReadableByTrainer(
+        f"{path} would not be readable by the trainer, {trainer.describe()}: the file would "
+        f"belong to uid {st.st_uid} and group {_group_name(st.st_gid)} with mode "
+        f"{stat.filemode(st.st_mode)}, and the directory {path.parent} is mode "
+        f"{stat.filemode(os.stat(path.parent).st_mode)}; nothing was written. Fix: run this as "
+        f"{name}, or add {name} to group {_group_name(st.st_gid)}, or share a control root "
+        f"through a group both belong to (chgrp GROUP DIR && chmod 2770 DIR)")
+
+
 # ---------------------------------------------------------------- files
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, reader: Trainer | None = None) -> None:
     """Write JSON to a temporary file beside `path`, fsync, then rename over `path`.
 
-    A reader sees the old or the new file, never a half-written one.
+    A reader sees the old or the new file, never a half-written one. The file gets the
+    permissions of the module docstring; NotReadableByTrainer (nothing written) when `reader`
+    could not read it.
     """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            _share(fd, os.stat(path.parent), reader)
+            if reader is not None and not reader.can_read(os.fstat(fd)):
+                raise _not_readable(path, os.fstat(fd), reader)
             json.dump(data, handle, indent=1, sort_keys=True)
             handle.write("\n")
             handle.flush()
@@ -166,19 +299,52 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def make_job_dir(job_dir: Path) -> None:
+    """Create the job's control directory (rank 0, at train begin).
+
+    In a shared control root (setgid) it gets the root's group permissions whatever the
+    trainer's umask, so the group's members may write requests.
+    """
+    existed = job_dir.is_dir()
+    job_dir.mkdir(parents=True, exist_ok=True)
+    parent = os.stat(job_dir.parent)
+    if not existed and parent.st_mode & stat.S_ISGID:
+        mode = stat.S_IMODE(os.stat(job_dir).st_mode)
+        os.chmod(job_dir, mode | (parent.st_mode & 0o070) | stat.S_ISGID)
+
+
 def write_request(job_dir: str | Path, request: Request) -> Path:
-    """Atomically replace `job_dir/control.json` with `request`; FileNotFoundError if no dir."""
+    """Atomically replace `job_dir/control.json` with `request`, readable by the trainer.
+
+    FileNotFoundError if no dir; NotReadableByTrainer or PermissionError (both saying whose
+    directory it is and the fix) when the request could not reach the trainer.
+    """
     job_dir = Path(job_dir)
     if not job_dir.is_dir():
         raise FileNotFoundError(f"{job_dir} is not a control directory (rank 0 of a job with "
                                 f"monitor_config.actions.control_dir creates it at train begin)")
     path = job_dir / CONTROL_FILE
-    write_json_atomic(path, asdict(request))
+    trainer = trainer_of(job_dir)
+    try:
+        write_json_atomic(path, asdict(request), trainer)
+    except NotReadableByTrainer:
+        raise
+    except PermissionError as exc:
+        owner = trainer or Trainer.of_uid(job_dir.stat().st_uid)
+        raise PermissionError(
+            f"cannot write in {job_dir} ({exc.strerror}): the directory belongs to "
+            f"{owner.describe()}, group {_group_name(job_dir.stat().st_gid)}, mode "
+            f"{stat.filemode(job_dir.stat().st_mode)}. Fix: run this as "
+            f"{owner.user or owner.uid}, or share a control root through a group both belong "
+            f"to (chgrp GROUP DIR && chmod 2770 DIR: rank 0 then creates job directories the "
+            f"group may write)") from None
     return path
 
 
 def write_schedule(job_dir: Path, requests: Sequence[Request]) -> None:
-    write_json_atomic(job_dir / SCHEDULE_FILE, {"actions": [asdict(r) for r in requests]})
+    """Rank 0's schedule, with who the trainer is (writers check it can read their requests)."""
+    write_json_atomic(job_dir / SCHEDULE_FILE, {"actions": [asdict(r) for r in requests],
+                                                "trainer": Trainer.current().record()})
 
 
 def parse_schedule(data: Any) -> list[Request]:
@@ -233,6 +399,10 @@ class FileWatch:
             return False, None
         except NotRegularFile as exc:
             raise ValueError(str(exc)) from None
+        except PermissionError as exc:
+            raise ValueError(f"{self.path}: cannot read ({exc.strerror}: it belongs to uid "
+                             f"{st.st_uid} with mode {stat.filemode(st.st_mode)}; `mfotel "
+                             f"control` writes requests the trainer can read)") from None
         except OSError as exc:
             raise ValueError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
         parsed = parse_json_bytes(data, self._fspath)
@@ -440,19 +610,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def add_control_command(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `control` on argparse subparsers; dispatch via `args.func(args)`."""
-    parser = subparsers.add_parser("control", help="stop a run or scale its learning rate",
-                                   description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(prog="mfotel control",
-                                                   description=__doc__.splitlines()[0]))
-    return run(parser.parse_args(argv))
+COMMAND = Subcommand("control", "stop a run or scale its learning rate", "mfotel control",
+                     add_arguments, run, __doc__)
+add_control_command = COMMAND.register
+main = COMMAND.main
 
 
 if __name__ == "__main__":

@@ -24,12 +24,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..config import ActionsConfig, ConfigError, PlateauRule
-from .control import (CONTROL_FILE, CONTROL_MAX_BYTES, SCHEDULE_FILE, SCHEDULE_MAX_BYTES,
-                      FileWatch, Request, new_request, parse_schedule, write_schedule)
+from ..instruments import Instruments
+from ..listeners import StepListener, StepSample
+from .control import (
+    CONTROL_FILE,
+    CONTROL_MAX_BYTES,
+    SCHEDULE_FILE,
+    SCHEDULE_MAX_BYTES,
+    FileWatch,
+    Request,
+    make_job_dir,
+    new_request,
+    parse_schedule,
+    write_schedule,
+)
 
 log = logging.getLogger("mfotel")
 
@@ -58,8 +71,12 @@ class Plateau:
         return False
 
 
-class ActionEngine:
-    """Decides (rank 0), schedules and applies actions; see the module docstring."""
+class ActionEngine(StepListener):
+    """Decides (rank 0), schedules and applies actions; see the module docstring.
+
+    The callback attaches it as a listener (mfotel.listeners): `attach(instruments)` exposes
+    its counts, then `on_step` runs after every step's record.
+    """
 
     #: Stage label of mfotel_export_errors_total for control-file problems.
     ERROR_STAGE = "control"
@@ -95,9 +112,10 @@ class ActionEngine:
         rules = self.cfg.plateau or self.cfg.nonfinite
         if self.world_size > 1 and rules and self.job_dir is None:
             raise ConfigError(source, "control_dir", f"local rules on {self.world_size} ranks "
-                              "need a control directory: only rank 0 decides, and the other ranks "
-                              "learn the decision from it", "set actions.control_dir to a directory "
-                              "every rank can read, e.g. /shared/mfotel-control/{job_name}")
+                              "need a control directory: only rank 0 decides, and the other "
+                              "ranks learn the decision from it", "set actions.control_dir to a "
+                              "directory every rank can read, e.g. "
+                              "/shared/mfotel-control/{job_name}")
         if self.job_dir is not None:
             self._prepare_dir(source)
         for pair in self._possible():
@@ -115,7 +133,7 @@ class ActionEngine:
         assert self.job_dir is not None and self._control and self._schedule_watch
         if self.leader:
             try:
-                self.job_dir.mkdir(parents=True, exist_ok=True)
+                make_job_dir(self.job_dir)
                 write_schedule(self.job_dir, [])  # a new run: nothing scheduled yet
             except OSError as exc:
                 raise ConfigError(source, "control_dir", f"cannot write {self.job_dir} "
@@ -138,6 +156,24 @@ class ActionEngine:
             pairs += [(action, source) for source in ("control", "alert")
                       for action in ("stop", "scale_lr")]
         return pairs
+
+    # ------------------------------------------------------------ the run
+    def attach(self, instruments: Instruments) -> None:
+        """Expose the actions taken and count control-file problems (also those met at
+        start) in mfotel_export_errors_total{stage="control"}."""
+        instruments.state.actions = self.counts
+        instruments.state.export_errors[self.ERROR_STAGE] = self.errors
+        self.on_error = instruments.count_error
+
+    def on_step(self, sample: StepSample) -> None:
+        """Decide and apply after the step's record; stop or re-read the lr through the run."""
+        run = sample.run
+        for request in self.step_end(sample.step, sample.outputs.loss, sample.recorded,
+                                     run.optimizer()):
+            if request.action == "stop":
+                run.request_stop(request.describe())
+            elif request.action == "scale_lr":
+                run.learning_rate_changed()
 
     # ------------------------------------------------------------ every step
     def step_end(self, step: int, loss: float | None, recorded: bool,

@@ -5,10 +5,12 @@
 | Parameter (float lr) | set_data(lr * factor) |
 | _IteratorLearningRate (list lr) | its table Parameter * factor |
 | _ConvertToCell (float lr in a dynamic group) | its Parameter * factor |
-| other LearningRateSchedule (cosine, warm-up, ...) | wrapped before compilation in `ScaledSchedule` (a scale Parameter); not scalable once the graph is compiled |
+| other LearningRateSchedule (cosine, ...) | wrapped in `ScaledSchedule` before compilation |
 | CellList / ParameterTuple (group lrs) | each group as above |
 
-The compiled graph reads Parameters at every step, so the new rate applies from the next step.
+`ScaledSchedule` multiplies by a scale Parameter; a schedule compiled without it cannot be
+scaled. The compiled graph reads Parameters at every step, so the new rate applies from the next
+step.
 """
 from __future__ import annotations
 
@@ -102,7 +104,7 @@ def _scale_one(lr: Any, factor: float) -> None:
     if _is_parameter(lr):
         _scale_parameter(lr, factor)
     elif isinstance(lr, _scaled_type()):
-        _scale_parameter(lr.scale, factor)
+        _scale_parameter(getattr(lr, "scale"), factor)  # noqa: B009 - the type is built at run time
     elif _is_parameter(getattr(lr, "learning_rate", None)):  # list table or _ConvertToCell
         _scale_parameter(lr.learning_rate, factor)
     else:

@@ -8,13 +8,17 @@ prints, for each alert of each notification Alertmanager posts,
     [RESOLVED] MindFormersLossNotFinite job_name=llama rank=0: Training loss is NaN or Inf.
 
 With `--control-dir` it also turns allow-listed alerts into control requests that stop a job
-or scale its learning rate (mfotel.actions.control); then it requires credentials
-(mfotel.alerting.auth: a bearer token or basic auth, as Alertmanager's `http_config` sends them;
+or scale its learning rate (mfotel.actions.control); then it requires credentials (a bearer
+token or basic auth, as Alertmanager's `http_config` sends them, mfotel.alerting.credentials;
 or client certificates) and refuses to start without them unless `--insecure-no-auth`.
 
-Limits (mfotel.alerting.httpserver): bodies up to `--max-body-bytes` (413 beyond), at most
-`--max-connections` at once (503 beyond), `--request-timeout-seconds` per connection. A bad
-body gets a 400 naming what is wrong (mfotel.alerting.webhook); no request can crash it.
+It is served by the endpoint server of the ranks (mfotel.endpoint.server), so idle or slow
+clients cost no thread and cannot crowd Alertmanager out: at most `--max-connections` (16)
+open connections, `--max-connections-per-client` (8) of them from one address, a request head
+(the credentials) within `--header-timeout-seconds` (3) of the accept, a quarter of the places
+kept for requests past their head, the whole request within `--request-timeout-seconds` (10).
+Bodies up to `--max-body-bytes` (413 beyond). A bad body gets a 400 naming what is wrong
+(mfotel.alerting.webhook); no request can crash it.
 
 In Python (tests, demos) the received alerts are kept in memory:
 
@@ -31,16 +35,26 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
+from http import HTTPStatus
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, TextIO
 
 from ..actions.control import AlertControl, add_alert_control_arguments, alert_control_from_args
-from .auth import (AuthSetupError, WebhookAuth, add_auth_arguments, auth_from_args,
-                   world_readable)
-from .httpserver import BoundedHTTPServer, BoundedRequestHandler, tls_context
-from .webhook import (PayloadError, ReceivedAlert, decode_notification, parse_notification,
-                      printable)
+from ..endpoint.auth import Credentials, RequireCredentials
+from ..endpoint.server import Limits, Server
+from ..endpoint.webconfig import TlsConfig
+from ..endpoint.wsgi import Environ, StartResponse, plain
+from ..subcommand import Subcommand
+from .credentials import (
+    MAX_SECRET_BYTES,
+    AuthSetupError,
+    add_auth_arguments,
+    auth_from_args,
+    world_readable,
+)
+from .webhook import PayloadError, ReceivedAlert, decode_notification, parse_notification, printable
 
 __all__ = ["AlertsReceiver", "ReceivedAlert", "parse_notification", "InsecureReceiverError"]
 
@@ -48,6 +62,12 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9095
 #: Alertmanager sends every alert of a group in one body (~1.5 KB each; `max_alerts` caps it).
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 16
+#: One address (Alertmanager's, or an attacker's) holds at most this many of the places.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 8
+#: Before authentication: the TLS handshake and the request head within this of the accept.
+DEFAULT_HEADER_SECONDS = 3.0
+DEFAULT_REQUEST_SECONDS = 10.0
 #: An over-large or unauthorised body is read and dropped up to this size, so that the client
 #: reads our answer instead of a reset connection; beyond it the connection is closed.
 DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
@@ -55,10 +75,28 @@ DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
 KEEP_ALERTS, KEEP_CHARS = 10_000, 64 * 1024 * 1024
 #: A rejected request is reported on stderr at most once per kind and interval.
 REPORT_INTERVAL_SECONDS = 60.0
+#: Paths anyone may GET (load balancers, `docker compose` health checks).
+PUBLIC_PATHS = ("/-/healthy", "/-/ready")
 
 
 class InsecureReceiverError(ValueError):
     """Acting on alerts without authentication was not explicitly allowed."""
+
+
+def receiver_limits(max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                    per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+                    header_seconds: float = DEFAULT_HEADER_SECONDS,
+                    request_seconds: float = DEFAULT_REQUEST_SECONDS) -> Limits:
+    """The endpoint limits of a receiver (mfotel.endpoint.server explains each one)."""
+    return Limits(max_connections=max_connections,
+                  max_connections_per_client=min(per_client, max_connections),
+                  reserved=max_connections // 4,  # room for requests past their head
+                  request_timeout=request_seconds, header_timeout=header_seconds,
+                  max_head_bytes=2 * MAX_SECRET_BYTES,  # a bearer token fits
+                  drain_bytes=DRAIN_LIMIT_BYTES, backlog=64,
+                  # failures rank whose connection is closed first, but never lock an
+                  # address out: Alertmanager may share it with a misbehaving client
+                  close_failing_clients=False)
 
 
 class AlertsReceiver:
@@ -71,33 +109,36 @@ class AlertsReceiver:
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  jsonl_path: str | Path | None = None, out: TextIO | None = sys.stdout,
                  verbose: bool = False, control: AlertControl | None = None,
-                 auth: WebhookAuth | None = None, insecure_no_auth: bool = False,
+                 auth: Credentials | None = None, insecure_no_auth: bool = False,
                  tls: ssl.SSLContext | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_connections: int = 16,
-                 request_seconds: float = 10.0, err: TextIO | None = sys.stderr) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 request_seconds: float = DEFAULT_REQUEST_SECONDS,
+                 err: TextIO | None = sys.stderr,
+                 max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+                 header_seconds: float = DEFAULT_HEADER_SECONDS) -> None:
         self.host, self.requested_port = host, port
-        self.control = control  # mfotel.actions.control: allow-listed alerts -> control file; None = off
+        self.control = control  # allow-listed alerts -> control file (None: off)
         self.auth, self.insecure_no_auth, self.tls = auth, insecure_no_auth, tls
         self.jsonl_path = Path(jsonl_path) if jsonl_path else None
         self.out, self.err, self.verbose = out, err, verbose
-        self.max_body_bytes, self.max_connections, self.request_seconds = \
-            max_body_bytes, max_connections, request_seconds
+        self.max_body_bytes, self.request_seconds = max_body_bytes, request_seconds
+        self.limits = receiver_limits(max_connections, max_connections_per_client,
+                                      header_seconds, request_seconds)
         self.alerts: deque[ReceivedAlert] = deque()
         self.notifications = 0
-        self.rejected: Counter[str] = Counter()   # status code -> requests answered with it
+        self.rejected: Counter[int] = Counter()   # status code -> requests answered with it
         self._kept_chars = 0
         self._reported: dict[int, tuple[float, int]] = {}   # code -> (last report, since then)
         self._cond = threading.Condition()
         self._parsing = threading.BoundedSemaphore(2)   # bounds the memory of parallel parses
-        self._server: BoundedHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: Server | None = None
+        self._stopped = threading.Event()
 
     # ------------------------------------------------------------ lifecycle
     @property
     def port(self) -> int:
-        if self._server is None:
-            return self.requested_port
-        return self._server.server_address[1]
+        return self.requested_port if self._server is None else self._server.port
 
     @property
     def url(self) -> str:
@@ -113,7 +154,7 @@ class AlertsReceiver:
     def authenticated(self) -> bool:
         return self.auth is not None or self.client_certificates_required
 
-    def start(self) -> "AlertsReceiver":
+    def start(self) -> AlertsReceiver:
         """Bind and serve on a thread; InsecureReceiverError for actions without credentials."""
         if self.control is not None and not self.authenticated and not self.insecure_no_auth:
             raise InsecureReceiverError(
@@ -126,23 +167,24 @@ class AlertsReceiver:
         if self.jsonl_path is not None:
             self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
             self.jsonl_path.touch()   # fail now, not at the first page, if it is not writable
-        self._server = BoundedHTTPServer(
-            (self.host, self.requested_port), _handler(self), tls=self.tls,
-            max_connections=self.max_connections, request_seconds=self.request_seconds)
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name="mfotel-alerts-receiver", daemon=True)
-        self._thread.start()
+        app: Callable[[Environ, StartResponse], Iterable[bytes]] = self._app
+        if self.auth is not None:
+            app = RequireCredentials(app, self.auth, "mfotel-alerts-receiver", PUBLIC_PATHS,
+                                     on_refused=lambda environ: self.reject(
+                                         401, "missing or wrong credentials",
+                                         environ.get("REMOTE_ADDR", "?")))
+        self._stopped.clear()
+        self._server = Server(app, self.host, self.requested_port, self.tls, self.limits,
+                              name="mfotel-alerts-receiver").start()
         return self
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._server = self._thread = None
+            self._server.close()
+        self._server = None
+        self._stopped.set()
 
-    def __enter__(self) -> "AlertsReceiver":
+    def __enter__(self) -> AlertsReceiver:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -153,8 +195,8 @@ class AlertsReceiver:
         if self._server is None:
             self.start()
         try:
-            while self._thread is not None and self._thread.is_alive():
-                self._thread.join(timeout=0.5)
+            while not self._stopped.wait(0.5):
+                pass
         except KeyboardInterrupt:
             pass
         finally:
@@ -243,119 +285,69 @@ class AlertsReceiver:
                 self._cond.wait(remaining)
 
 
-def _handler(receiver: AlertsReceiver) -> type[BoundedRequestHandler]:
-    class Handler(BoundedRequestHandler):
-        server_version = "mfotel-alerts-receiver"
+    # ------------------------------------------------------------ HTTP
+    def _app(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """The WSGI app behind the credentials check: POST a notification (any path),
+        GET /alerts, /-/healthy, /-/ready."""
+        client = str(environ.get("REMOTE_ADDR") or "?")
+        try:
+            method = environ["REQUEST_METHOD"]
+            if method == "POST":
+                return self._post(environ, start_response, client)
+            if method not in ("GET", "HEAD"):
+                return plain(start_response, "405 Method Not Allowed",
+                             [("Allow", "GET, HEAD, POST")])
+            path = environ.get("PATH_INFO", "").rstrip("/")
+            if path in PUBLIC_PATHS:
+                return plain(start_response, "200 OK", text="OK")
+            if path == "/alerts":
+                body = (json.dumps([asdict(a) for a in self.received()], indent=1) + "\n").encode()
+                start_response("200 OK", [("Content-Type", "application/json; charset=utf-8"),
+                                          ("Content-Length", str(len(body)))])
+                return [body]
+            return plain(start_response, "404 Not Found", text="POST Alertmanager webhooks to "
+                         "/alerts; GET /alerts lists them")
+        except Exception as exc:  # noqa: BLE001 - a bug must not cost the connection
+            return self._refuse(start_response, 500, f"internal error ({type(exc).__name__})",
+                                client)
 
-        def do_POST(self) -> None:  # noqa: N802 (http.server naming)
-            try:
-                self._post()
-            except TimeoutError:
-                self._refuse(408, f"the request was not complete within "
-                                  f"{receiver.request_seconds:g} s")
-            except OSError:
-                pass   # the client went away: nobody to answer
-            except Exception as exc:  # noqa: BLE001 - a bug must not cost the connection
-                self._refuse(500, f"internal error ({type(exc).__name__})")
+    def _post(self, environ: Environ, start_response: StartResponse, client: str
+              ) -> Iterable[bytes]:
+        if environ.get("HTTP_TRANSFER_ENCODING"):
+            return self._refuse(start_response, 411, "send the body with a Content-Length (no "
+                                "chunked encoding)", client)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if length <= 0:
+            return self._refuse(start_response, 400, "the body is empty or has no "
+                                "Content-Length: expected a JSON notification", client)
+        if length > self.max_body_bytes:
+            return self._refuse(start_response, 413, f"body of {length} bytes; at most "
+                                f"{self.max_body_bytes} (Alertmanager: set webhook_configs[]."
+                                "max_alerts)", client)
+        try:
+            body = environ["wsgi.input"].read(length)
+        except TimeoutError:
+            return self._refuse(start_response, 408, "the request was not complete within "
+                                f"{self.request_seconds:g} s", client)
+        except OSError:  # the client went away: nobody reads the answer
+            body = b""
+        if len(body) < length:
+            return plain(start_response, "400 Bad Request", text="the body ended early")
+        try:
+            self.handle_body(body)
+        except PayloadError as error:
+            return self._refuse(start_response, 400, str(error), client)
+        start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"),
+                                  ("Content-Length", "0")])
+        return [b""]
 
-        def _post(self) -> None:
-            if not receiver.authorized(self.headers.get("Authorization")):
-                self._drain()
-                self._refuse(401, "missing or wrong credentials")
-                return
-            if self.headers.get("Transfer-Encoding"):
-                self._drain_chunked()
-                self._refuse(411, "send the body with a Content-Length (no chunked encoding)")
-                return
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = -1
-            if length <= 0:
-                self._refuse(400, "the body is empty or has no Content-Length: expected a "
-                                  "JSON notification")
-                return
-            if length > receiver.max_body_bytes:
-                self._drain()
-                self._refuse(413, f"body of {length} bytes; at most {receiver.max_body_bytes} "
-                                  f"(Alertmanager: set webhook_configs[].max_alerts)")
-                return
-            body = self.rfile.read(length)
-            if len(body) < length:
-                return   # the client closed before sending its body
-            try:
-                receiver.handle_body(body)
-            except PayloadError as error:
-                self._refuse(400, str(error))
-                return
-            self._reply(200, "")
-
-        def do_GET(self) -> None:  # noqa: N802
-            path = self.path.split("?", 1)[0].rstrip("/")
-            if path in ("/-/healthy", "/-/ready"):
-                self._reply(200, "OK\n")
-            elif path == "/alerts":
-                if not receiver.authorized(self.headers.get("Authorization")):
-                    self._refuse(401, "missing or wrong credentials")
-                    return
-                body = json.dumps([asdict(a) for a in receiver.received()], indent=1)
-                self._reply(200, body + "\n", "application/json")
-            else:
-                self._reply(404, "POST Alertmanager webhooks to /alerts; GET /alerts lists "
-                                 "them\n")
-
-        def _drain(self) -> None:
-            """Read and drop the body (bounded), so the client gets to read our answer."""
-            try:
-                left = min(int(self.headers.get("Content-Length") or 0), DRAIN_LIMIT_BYTES)
-            except ValueError:
-                return
-            while left > 0:
-                chunk = self.rfile.read(min(left, 1 << 16))
-                if not chunk:
-                    return
-                left -= len(chunk)
-            self.close_connection = True
-
-        def _drain_chunked(self) -> None:
-            """Read and drop a chunked body (bounded) up to its last chunk, so that closing
-            after the answer does not reset a client still sending (it would lose the 411)."""
-            left = DRAIN_LIMIT_BYTES
-            previous = b""
-            while left > 0:
-                line = self.rfile.readline(min(left, 1 << 16))
-                if not line:
-                    break
-                left -= len(line)
-                if line == b"\r\n" and previous.strip() == b"0":
-                    break
-                previous = line
-            self.close_connection = True
-
-        def _refuse(self, code: int, why: str) -> None:
-            receiver.reject(code, why, str(self.client_address[0]))
-            headers = {}
-            if code == 401 and receiver.auth is not None:
-                headers["WWW-Authenticate"] = ", ".join(
-                    f'{scheme} realm="mfotel-alerts-receiver"' for scheme in receiver.auth.schemes)
-            try:
-                self._reply(code, f"{printable(why, 500)}\n", headers=headers)
-            except OSError:
-                pass
-
-        def _reply(self, code: int, body: str, content_type: str = "text/plain",
-                   headers: dict[str, str] | None = None) -> None:
-            self.allow_writing()
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", f"{content_type}; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-
-    return Handler
+    def _refuse(self, start_response: StartResponse, code: int, why: str, client: str
+                ) -> Iterable[bytes]:
+        self.reject(code, why, client)
+        return plain(start_response, f"{code} {HTTPStatus(code).phrase}", text=printable(why, 500))
 
 
 # ---------------------------------------------------------------- command line
@@ -378,9 +370,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     limits.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         metavar="BYTES",
                         help="larger bodies get 413 (default: %(default)s)")
-    limits.add_argument("--max-connections", type=int, default=16, metavar="N",
-                        help="connections served at once; more get 503 (default: %(default)s)")
-    limits.add_argument("--request-timeout-seconds", type=float, default=10.0,
+    limits.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        metavar="N",
+                        help="open connections at most (a quarter kept for requests past their "
+                             "head); at the cap the oldest idle one of the client holding the "
+                             "most is closed (default: %(default)s)")
+    limits.add_argument("--max-connections-per-client", type=int,
+                        default=DEFAULT_MAX_CONNECTIONS_PER_CLIENT, metavar="N",
+                        help="open connections from one address (IPv6: one /64) at most "
+                             "(default: %(default)s)")
+    limits.add_argument("--header-timeout-seconds", type=float, default=DEFAULT_HEADER_SECONDS,
+                        metavar="SECONDS",
+                        help="time from connecting to a complete request head, TLS handshake "
+                             "included, before any authentication; at most the request timeout "
+                             "(default: %(default)s)")
+    limits.add_argument("--request-timeout-seconds", type=float, default=DEFAULT_REQUEST_SECONDS,
                         metavar="SECONDS",
                         help="time a connection has for its whole request (default: "
                              "%(default)s)")
@@ -395,7 +399,9 @@ def _tls_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:
         raise ValueError("--tls-cert-file and --tls-key-file go together (and "
                          "--tls-client-ca-file needs both)")
     try:
-        return tls_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+        return TlsConfig(args.tls_cert_file, args.tls_key_file,
+                         "RequireAndVerifyClientCert" if args.tls_client_ca_file else
+                         "NoClientCert", args.tls_client_ca_file).context()
     except (OSError, ssl.SSLError) as exc:
         raise ValueError(f"cannot load the TLS files ({args.tls_cert_file}, {args.tls_key_file}"
                          f"{', ' + args.tls_client_ca_file if args.tls_client_ca_file else ''}): "
@@ -407,8 +413,12 @@ def _limits_problem(args: argparse.Namespace) -> str | None:
         return f"--max-body-bytes {args.max_body_bytes}: at least 1024"
     if args.max_connections < 1:
         return f"--max-connections {args.max_connections}: at least 1"
+    if args.max_connections_per_client < 1:
+        return f"--max-connections-per-client {args.max_connections_per_client}: at least 1"
     if not 0 < args.request_timeout_seconds <= 3600:
         return f"--request-timeout-seconds {args.request_timeout_seconds:g}: between 0 and 3600"
+    if not 0 < args.header_timeout_seconds <= 3600:
+        return f"--header-timeout-seconds {args.header_timeout_seconds:g}: between 0 and 3600"
     return None
 
 
@@ -453,7 +463,9 @@ def run(args: argparse.Namespace) -> int:
                               control=control, auth=auth, insecure_no_auth=args.insecure_no_auth,
                               tls=tls, max_body_bytes=args.max_body_bytes,
                               max_connections=args.max_connections,
-                              request_seconds=args.request_timeout_seconds)
+                              request_seconds=args.request_timeout_seconds,
+                              max_connections_per_client=args.max_connections_per_client,
+                              header_seconds=args.header_timeout_seconds)
     try:
         receiver.start()
     except InsecureReceiverError as error:
@@ -468,20 +480,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_alerts_receiver_command(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `alerts-receiver` on argparse subparsers; dispatch via `args.func(args)`."""
-    parser = subparsers.add_parser("alerts-receiver",
-                                   help="print Alertmanager webhook notifications",
-                                   description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(prog="mfotel alerts-receiver",
-                                                   description=__doc__.splitlines()[0]))
-    return run(parser.parse_args(argv))
+COMMAND = Subcommand("alerts-receiver", "print Alertmanager webhook notifications",
+                     "mfotel alerts-receiver", add_arguments, run, __doc__)
+add_alerts_receiver_command = COMMAND.register
+main = COMMAND.main
 
 
 if __name__ == "__main__":

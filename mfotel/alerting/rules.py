@@ -1,25 +1,31 @@
 """Prometheus alerting and recording rules for the metric contract, generated from Python.
 
 Monitoring-mixin style: thresholds and selectors live in `RulesConfig`, apart from the rules.
-`mfotel rules --out DIR` writes them (`mfotel assets` also writes the Prometheus config and
-runbook beside them); the repository's `prometheus/rules/` holds the output of the defaults.
+`mfotel rules --out DIR` writes them (`mfotel assets` also writes the Prometheus config, the
+runbook and the promtool tests beside them: `mfotel.assets`, which imports this module, never
+the other way); the repository's `prometheus/rules/` holds the output of the defaults.
 
     mfotel rules --out prometheus/rules                  # the defaults
     mfotel rules --out /tmp/r --set stall_seconds=1800 --set selector='cluster="a"'
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
-import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
-from ..contract import STATUS_FAILED, STATUS_RUNNING
+from ..contract import (
+    STATUS_CANCELLED,
+    STATUS_COMPLETED,
+    STATUS_FAILED,
+    STATUS_RUNNING,
+    finite_samples,
+)
 
 ALERTS_FILE = "mindformers-alerts.yml"
 RECORDING_FILE = "mindformers-recording.yml"
@@ -48,6 +54,14 @@ class RulesConfig:
     runbook_base_url: str = RUNBOOK_BASE_URL
     # loss / grad norm not finite: look-back for the non-finite counters
     nonfinite_window: str = "5m"
+    # the rank a non-finite loss started on is named once every rank has been scraped past
+    # the job's first non-finite step (a NaN reaches the other ranks one step later), or
+    # after this long
+    nonfinite_settle: str = "1m"
+    # a non-finite grad norm with a finite loss and no overflow (weights turning NaN) pages
+    # after this long: the loss of the rank it started on is NaN at the same step, and this
+    # leaves Prometheus time to scrape it (then the loss alert pages instead)
+    grad_norm_nonfinite_for: str = "1m"
     # stalled: no step for max(stall_seconds, stall_step_factor x mean step interval)
     stall_seconds: int = 900
     stall_step_factor: float = 10.0
@@ -71,9 +85,13 @@ class RulesConfig:
     throughput_window: str = "5m"
     throughput_baseline_window: str = "1h"
     throughput_drop_for: str = "10m"
-    # straggler: a rank's mean step time above factor x the job's median over ranks
-    straggler_factor: float = 1.5
+    # straggler: the other ranks wait for a rank (it spends this much more of its time outside
+    # the training step than the job's median rank; they wait inside theirs)
+    straggler_wait_ratio: float = 0.1
     straggler_for: str = "10m"
+    # the "slowest rank" of the cluster panels: the rank waited for most, once the others wait
+    # for it at least this share of the time (below, every rank's excess is noise)
+    slowest_wait_ratio: float = 0.01
     # overflow storm: fraction of steps with a loss-scale overflow
     overflow_storm_ratio: float = 0.5
     overflow_window: str = "5m"
@@ -81,6 +99,9 @@ class RulesConfig:
     # ranks missing: fewer ranks report than the world_size label of their rank_info, while
     # at least one rank of the job runs (one alert per job, no rank label)
     ranks_missing_for: str = "5m"
+    # node agent (mfotel-instrument): a rank alive but its /metrics silent this long warns
+    # (graph compilation holds the GIL for minutes); longer than rank_down_for on purpose
+    rank_unresponsive_for: str = "10m"
     # loss divergence: a running rank's mean loss over the window is further than
     # tolerance x the median over the job's ranks from that median (data parallel)
     loss_divergence_window: str = "10m"
@@ -101,7 +122,8 @@ class RulesConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name.endswith(("_window", "_for", "_lookback")) and not _DURATION.match(value):
+            if f.name.endswith(("_window", "_for", "_lookback", "_settle")) and \
+                    not _DURATION.match(value):
                 raise ValueError(f"RulesConfig.{f.name}={value!r} is not a Prometheus "
                                  "duration; use e.g. '90s', '5m', '1h'")
             if f.name.endswith("_factor") and not value > 1:
@@ -138,7 +160,6 @@ STEP_RANK_MEDIAN = "job_name:mindformers_train_step_duration_seconds:rank_median
 STEP_RANK_SPREAD = "job_name:mindformers_train_step_duration_seconds:rank_spread1m"
 RANKS_RUNNING = "job_name:mindformers_train_ranks_running:count"
 RANKS = "job_name:mindformers_train_ranks:count"
-STRAGGLER_SCORE = "job_name_rank:mindformers_train_straggler_score:ratio1m"
 RANKS_REPORTING = "job_name:mindformers_train_ranks_reporting:count"
 STEPS_BEHIND = "job_name_rank:mindformers_train_step:behind_leader"
 # For many ranks (docs/scaling.md): the job's bucket rates once (the three quantiles read
@@ -150,14 +171,38 @@ RANK_QUANTILES = ("0.99",)
 EXPORT_ERRORS = "job_name_stage:mfotel_export_errors:increase1m"
 # What cluster panels aggregate over every rank at each point of their range: ranks per
 # status value, the job's progress (the slowest rank's), and the slowest rank's identity
-# (rank_info of the lowest straggler score) for joins with device exporters.
+# (rank_info of the rank the others wait for most) for joins with device exporters.
 RANKS_BY_STATUS = "job_name_status:mindformers_train_ranks:count"
 JOB_PROGRESS = "job_name:mindformers_train_progress_ratio:min"
 SLOWEST_RANK = "job_name:mindformers_train_rank_info:slowest1m"
+# Who waits for whom (docs/alerting.md, "Job-level truth"). In synchronous training the ranks
+# leave each step's collective together: a rank slow outside its timed step (input, host work
+# between steps) makes the others wait inside theirs. OUTSIDE_SHARE: the share of wall time a
+# rank spends outside its timed steps; WAITED_FOR: that share minus the job's median rank's
+# (above 0: the others wait for it; below: it waits for them). IN_STEP: 1 while a rank is
+# inside a step.
+OUTSIDE_SHARE = "job_name_rank:mindformers_train_step_outside:ratio1m"
+WAITED_FOR = "job_name_rank:mindformers_train_waited_for:ratio1m"
+IN_STEP = "job_name_rank:mindformers_train_in_step:bool"
+# The first non-finite loss step of the job (over its ranks): the ranks that reported it are
+# where the incident started, the others followed after the gradient all-reduce.
+FIRST_NONFINITE = "job_name:mindformers_train_first_nonfinite_step:min"
+
+#: When each rank that failed ended, as its node agent reported it (one per job names the
+#: first: a launcher such as msrun kills the others after it).
+FAILED_EXIT = "job_name_rank:mfotel_node_rank_exit_timestamp_seconds:failed"
 
 
 def step_interval_record(cfg: RulesConfig) -> str:
     return f"job_name_rank:mindformers_train_step_interval_seconds:mean{cfg.step_interval_window}"
+
+
+def _finite_mean(selector: str, window: str) -> str:
+    """The mean of the finite samples of `selector` over `window`: the loss and the gradient
+    norm are exposed as they are, and one NaN (or a loss-scale overflow's Inf grad norm) in
+    the window would make avg_over_time NaN (Inf) for the whole window, blinding the spike and
+    divergence alerts. A subquery at the evaluation interval keeps the finite samples."""
+    return f"avg_over_time({finite_samples(selector)}[{window}:])"
 
 
 def loss_mean_record(cfg: RulesConfig) -> str:
@@ -199,13 +244,6 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": STEP_RANK_MEDIAN, "expr": f"quantile by (job_name) (0.5, {STEP_MEAN})"},
         {"record": STEP_RANK_SPREAD,
          "expr": f"max by (job_name) ({STEP_MEAN})\n/\nmin by (job_name) ({STEP_MEAN})"},
-        # 0..1, 1 = the job's fastest rank (the inverse of the spread, per rank)
-        {"record": STRAGGLER_SCORE,
-         "expr": f"min by (job_name) ({STEP_MEAN})\n/ on (job_name) group_right ()\n{STEP_MEAN}"},
-        {"record": SLOWEST_RANK,
-         "expr": f"max by (job_name, rank, node, device_id, namespace, pod_name) "
-                 f"({m('mindformers_train_rank_info')})\n* on (job_name, rank) group_left ()\n"
-                 f"(bottomk by (job_name) (1, {STRAGGLER_SCORE}) > bool 0)"},
         # Mean seconds between steps over the steps seen in the window. It ignores time after
         # the last step, so a stall does not inflate it (0/0 = NaN once no step is in the window).
         {"record": step_interval_record(cfg),
@@ -229,12 +267,20 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": JOB_PROGRESS,
          "expr": f"min by (job_name) ({m('mindformers_train_progress_ratio')})"},
     ]
+    job = job_truth_records(cfg)
     loss = [
         {"record": loss_mean_record(cfg),
          "expr": f"avg by (job_name, rank) "
-                 f"(avg_over_time({m('mindformers_train_loss')}[{cfg.loss_divergence_window}]))"},
+                 f"({_finite_mean(m('mindformers_train_loss'), cfg.loss_divergence_window)})"},
         {"record": loss_median_record(cfg),
          "expr": f"quantile by (job_name) (0.5, {loss_mean_record(cfg)})"},
+    ]
+    node = [
+        {"record": FAILED_EXIT,
+         "expr": f"max by (job_name, rank) (\n"
+                 f"  {m('mfotel_node_rank_exit_timestamp_seconds')}\n"
+                 f"  and on (job_name, rank) {m('mfotel_node_rank_exit_info', _FAILED_CAUSES)}\n"
+                 f")\nunless on (job_name, rank) {_ended_as_asked(cfg)}"},
     ]
     exporter = [
         {"record": EXPORT_ERRORS,
@@ -243,8 +289,49 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
     return [{"name": "mindformers-throughput.rules", "rules": throughput},
             {"name": "mindformers-step-time.rules", "rules": step_time},
             {"name": "mindformers-ranks.rules", "rules": ranks},
+            {"name": "mindformers-job.rules", "rules": job},
             {"name": "mindformers-loss.rules", "rules": loss},
+            {"name": "mindformers-node.rules", "rules": node},
             {"name": "mfotel-exporter.rules", "rules": exporter}]
+
+
+def job_truth_records(cfg: RulesConfig) -> list[dict[str, Any]]:
+    """Who waits for whom, and where a non-finite loss started (the job-level alerts and the
+    cluster panels read these)."""
+    m = cfg.m
+    outside = m("mindformers_train_step_outside_seconds_total")
+    return [
+        # seconds outside per second of wall time: a share, 0..1
+        {"record": OUTSIDE_SHARE,
+         "expr": f"clamp(sum by (job_name, rank) (rate({outside}[1m])), 0, 1)"},
+        # against the median rank: one rank far above it is waited for; a job whose ranks
+        # all wait for their input (or all but one) has no straggler
+        {"record": WAITED_FOR,
+         "expr": f"{OUTSIDE_SHARE}\n- on (job_name) group_left ()\n"
+                 f"quantile by (job_name) (0.5, {OUTSIDE_SHARE})"},
+        {"record": SLOWEST_RANK,
+         "expr": f"max by (job_name, rank, node, device_id, namespace, pod_name) "
+                 f"({m('mindformers_train_rank_info')})\n* on (job_name, rank) group_left ()\n"
+                 f"(topk by (job_name) (1, {WAITED_FOR} > {_num(cfg.slowest_wait_ratio)}) "
+                 f"> bool 0)"},
+        {"record": IN_STEP, "expr": _in_step(cfg)},
+        {"record": FIRST_NONFINITE,
+         "expr": f"min by (job_name) ({m('mindformers_train_first_nonfinite_step')})"},
+    ]
+
+
+def _in_step(cfg: RulesConfig) -> str:
+    """1 while a rank is inside a step (it began after the last step ended), else 0."""
+    m = cfg.m
+    return (f"max by (job_name, rank) ({m('mindformers_train_step_begin_timestamp_seconds')})\n"
+            f"> bool on (job_name, rank)\n"
+            f"max by (job_name, rank) ({m('mindformers_train_last_step_timestamp_seconds')})")
+
+
+def _ended_as_asked(cfg: RulesConfig) -> str:
+    """Ranks whose own last status says they completed or were cancelled."""
+    last = f"last_over_time({cfg.m('mindformers_train_status')}[{cfg.rank_down_lookback}])"
+    return f"({last} == {STATUS_COMPLETED} or {last} == {STATUS_CANCELLED})"
 
 
 # ---------------------------------------------------------------- alerting rules
@@ -260,6 +347,11 @@ def _alert(cfg: RulesConfig, name: str, expr: str, for_: str, severity: str, sum
 
 
 _WHO = "job {{ $labels.job_name }} rank {{ $labels.rank }}"
+#: The node agent's states of a rank whose process lives (mfotel.integrations.node_metrics).
+_ALIVE = 'state=~"running|stopped"'
+_ENDED = 'state=~"zombie|exited"'
+#: Exit causes that page: the rank ended on its own, not as asked.
+_FAILED_CAUSES = 'cause=~"exit_code|signal|oom|unknown"'
 _JOB = "job {{ $labels.job_name }}"
 
 
@@ -274,57 +366,28 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
     m = cfg.m
     status = m("mindformers_train_status")
     running = f"{status} == {STATUS_RUNNING}"
-    nf_loss = m("mindformers_train_nonfinite_total", 'metric="loss"')
-    nf_grad = m("mindformers_train_nonfinite_total", 'metric="grad_norm"')
-    ts = m("mindformers_train_last_step_timestamp_seconds")
     steps = m("mindformers_train_steps_total")
     loss, grad = m("mindformers_train_loss"), m("mindformers_train_grad_norm")
     overflow = m("mindformers_train_overflow_total")
-    first_nf = ('{{ with printf "mindformers_train_first_nonfinite_step{job_name=\'%s\','
-                'rank=\'%s\'}" $labels.job_name $labels.rank | query }}'
-                ' First non-finite loss at step {{ . | first | value }}.{{ end }}')
     health = [
-        _alert(cfg, "MindFormersLossNotFinite",
-               # by (job_name, rank) only: the callback's fast path posts the same labels,
-               # so Alertmanager deduplicates the two
-               f"max by (job_name, rank) (\n"
-               f"  ({m('mindformers_train_loss_finite')} == 0)\n"
-               f"  or\n"
-               f"  (sum without (metric) (increase({nf_loss}[{cfg.nonfinite_window}])) > 0)\n)",
-               "0m", "critical", "Training loss is NaN or Inf.",
-               f"The loss of {_WHO} is not finite (NaN/Inf) or was within the last "
-               f"{cfg.nonfinite_window}; the run is diverging or its data/precision is "
-               f"broken.{first_nf}"),
-        _alert(cfg, "MindFormersGradNormNotFinite",
-               f"(sum without (metric) (increase({nf_grad}[{cfg.nonfinite_window}])) > 0)\n"
-               f"unless on (job_name, rank)\n"
-               f"(increase({overflow}[{cfg.nonfinite_window}]) > 0)",
-               "0m", "warning", "Gradient norm is NaN or Inf outside loss-scale overflows.",
-               f"The gradient global norm of {_WHO} was NaN/Inf on "
-               "about {{ $value | printf \"%.0f\" }} steps in the last "
-               f"{cfg.nonfinite_window} with no loss-scale overflow reported; the weights "
-               "are about to be poisoned."),
-        _alert(cfg, "MindFormersTrainingStalled",
-               f"(\n  (time() - {ts}) > {cfg.stall_seconds}\n"
-               f"  unless on (job_name, rank)\n"
-               f"  (time() - {ts}) <= on (job_name, rank) {_num(cfg.stall_step_factor)} * "
-               f"{step_interval_record(cfg)}\n)\n"
-               f"and on (job_name, rank) ({running})\n"
-               f"and on (job_name, rank) (changes({steps}[{cfg.stall_seconds}s]) == 0)",
-               cfg.stall_for, "critical", "Training made no step progress.",
-               f"{_WHO} is running but completed no step for "
-               "{{ $value | humanizeDuration }} (threshold: the larger of "
-               f"{cfg.stall_seconds}s and {_num(cfg.stall_step_factor)} x its mean step "
-               "interval): hung collective, dead data loader or stuck I/O."),
+        *nonfinite_alerts(cfg),
+        _training_stalled(cfg),
         # Only a rank last seen running pages: one that completed (2), failed (3, warns
         # below), was cancelled (4: SIGTERM / SIGINT, reported before it exits) or died while
         # compiling (0) does not; one killed without a catchable signal (kill -9, OOM) does.
+        # Where a node agent follows the rank, its own alerts say what happened
+        # (MindFormersRankExited, MindFormersRankUnresponsive): muted while it reports the rank,
+        # and after it lingered out if its last word was that the rank ended. A rank whose
+        # agent is gone (killed, node down) before the rank pages here, as without one.
         _alert(cfg, "MindFormersRankDown",
                f"(last_over_time({status}[{cfg.rank_down_lookback}]) == {STATUS_RUNNING})\n"
                f"unless on (job_name, rank) {status}\n"
                f"unless on (job_name, rank) "
                f"(last_over_time({m('mindformers_train_progress_ratio')}"
-               f"[{cfg.rank_down_lookback}]) >= 1)",
+               f"[{cfg.rank_down_lookback}]) >= 1)\n"
+               f"unless on (job_name, rank) {m('mfotel_node_rank_state')}\n"
+               f"unless on (job_name, rank) (max by (job_name, rank) (last_over_time("
+               f"{m('mfotel_node_rank_state', _ENDED)}[{cfg.rank_down_lookback}])) == 1)",
                cfg.rank_down_for, "critical", "A training rank disappeared while running.",
                f"{_WHO} (target {{{{ $labels.instance }}}}) was last seen running and has "
                "not been scraped since: the process died, hangs in a way that blocks /metrics, "
@@ -337,10 +400,16 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         # One alert per job, labelled job_name and world_size. world_size is a label and PromQL
         # cannot turn a label into a number, so count_values turns the reporting count into a
         # label of the same name and the two are compared as labels.
+        # A rank its node agent reports alive counts as present (its /metrics may be silent
+        # while it compiles; MindFormersRankUnresponsive says so).
         _alert(cfg, "MindFormersRanksMissing",
                f"(\n  max by (job_name, world_size) ({m('mindformers_train_rank_info')})\n"
                f"  unless on (job_name, world_size)\n"
-               f"  count_values by (job_name) (\"world_size\", {RANKS_REPORTING})\n)\n"
+               f"  count_values by (job_name) (\"world_size\", count by (job_name) (\n"
+               f"    max by (job_name, rank) ({m('mindformers_train_rank_info')})\n"
+               f"    or\n"
+               f"    max by (job_name, rank) ({m('mfotel_node_rank_state', _ALIVE)} == 1)\n"
+               f"  ))\n)\n"
                f"and on (job_name) ({RANKS_RUNNING} > 0)",
                cfg.ranks_missing_for, "critical",
                "A job has fewer ranks reporting than its world size.",
@@ -351,13 +420,13 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
     ]
     dynamics = [
         _alert(cfg, "MindFormersLossSpike",
-               f"{loss}\n/\n(avg_over_time({loss}[{cfg.loss_spike_window}]) > 0)\n"
+               f"{loss}\n/\n({_finite_mean(loss, cfg.loss_spike_window)} > 0)\n"
                f"> {_num(cfg.loss_spike_factor)}",
                cfg.loss_spike_for, "warning", "Training loss spiked.",
                f"The loss of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x its "
                f"{cfg.loss_spike_window} average (threshold {_num(cfg.loss_spike_factor)}x)."),
         _alert(cfg, "MindFormersGradNormSpike",
-               f"{grad}\n/\n(avg_over_time({grad}[{cfg.grad_norm_spike_window}]) > 0)\n"
+               f"{grad}\n/\n({_finite_mean(grad, cfg.grad_norm_spike_window)} > 0)\n"
                f"> {_num(cfg.grad_norm_spike_factor)}",
                cfg.grad_norm_spike_for, "warning", "Gradient norm spiked.",
                f"The gradient global norm of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x "
@@ -398,14 +467,7 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                "{{ $value | humanizePercentage }} of its rate over the "
                f"{cfg.throughput_baseline_window} before (threshold "
                f"{cfg.throughput_drop_ratio:.0%}; mean over its ranks)."),
-        _alert(cfg, "MindFormersStragglerRank",
-               f"{STEP_MEAN}\n/ on (job_name) group_left ()\n{STEP_RANK_MEDIAN}\n"
-               f"> {_num(cfg.straggler_factor)}\n"
-               f"and on (job_name, rank) ({running})",
-               cfg.straggler_for, "warning", "A rank is much slower than the others.",
-               f"The mean step time of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x the "
-               f"median over the job's ranks (threshold {_num(cfg.straggler_factor)}x): "
-               "check its device, host load and data loading."),
+        _straggler_rank(cfg),
         # In time rather than steps: Prometheus scrapes the ranks at different moments, so
         # lock-step ranks can look a few steps apart.
         _alert(cfg, "MindFormersStepDrift",
@@ -421,7 +483,197 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
     health.append(_checkpoint_too_old(cfg))
     return [{"name": "mindformers-health.alerts", "rules": health},
             {"name": "mindformers-dynamics.alerts", "rules": dynamics},
-            {"name": "mindformers-performance.alerts", "rules": performance}]
+            {"name": "mindformers-performance.alerts", "rules": performance},
+            {"name": "mindformers-node.alerts", "rules": node_alerts(cfg)}]
+
+
+def node_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
+    """What a rank's node agent (mfotel-instrument) reports: how a rank ended, and a rank alive
+    whose /metrics is silent. Without an agent neither fires, and MindFormersRankDown pages."""
+    m = cfg.m
+    exit_info = m("mfotel_node_rank_exit_info", _FAILED_CAUSES)
+    how = ('{{ if eq $labels.cause "signal" }}killed by signal {{ $labels.signal }} '
+           '({{ $labels.signal_name }})'
+           '{{ else if eq $labels.cause "oom" }}killed by the kernel\'s OOM killer (signal '
+           '{{ $labels.signal }}, {{ $labels.signal_name }}: its memory cgroup counted an '
+           'oom_kill as it died)'
+           '{{ else if eq $labels.cause "exit_code" }}exit code {{ $labels.exit_code }}'
+           '{{ else }}how is unknown (its parent reaped it before the node agent read its '
+           'status){{ end }}')
+    others = ('{{ with printf "count(mfotel_node_rank_exit_info{job_name=\'%s\'}) - 1" '
+              '$labels.job_name | query }}{{ . | first | value }}{{ end }}')
+    state = ('{{ with printf "max by (state) (mfotel_node_rank_state{job_name=\'%s\','
+             'rank=\'%s\'} == 1)" $labels.job_name $labels.rank | query }}'
+             '{{ . | first | label "state" }}{{ end }}')
+    return [
+        # One page per job: the first rank that failed names the cause; the ranks a launcher
+        # (msrun) killed after it are its consequence, not more causes.
+        _alert(cfg, "MindFormersRankExited",
+               f"max by (job_name, rank, cause, exit_code, signal, signal_name) ({exit_info})\n"
+               f"and on (job_name, rank)\n(\n  {FAILED_EXIT}\n"
+               f"  == on (job_name) group_left ()\n  min by (job_name) ({FAILED_EXIT})\n)",
+               "0m", "critical", "A training rank's process ended while the job should run.",
+               f"{_WHO} exited: {how}. Its node agent saw it end first among the job's ranks; "
+               f"{others} other rank(s) of the job ended after it."),
+        _alert(cfg, "MindFormersRankUnresponsive",
+               f"(time() - {m('mfotel_node_rank_endpoint_last_answer_timestamp_seconds')})\n"
+               f"and on (job_name, rank) ({m('mfotel_node_rank_endpoint_up')} == 0)\n"
+               f"and on (job_name, rank) "
+               f"(max by (job_name, rank) ({m('mfotel_node_rank_state', _ALIVE)}) == 1)",
+               cfg.rank_unresponsive_for, "warning",
+               "A training rank is alive but its /metrics does not answer.",
+               f"{_WHO} is alive (process {state}) but its /metrics has not answered the node "
+               "agent's liveness probe for {{ $value | humanizeDuration }}: it holds the GIL "
+               "(graph compilation, a long C call), is stopped (SIGSTOP, a debugger) or is "
+               "starved. Its own series are stale meanwhile; it is not paged as down while its "
+               "process lives."),
+    ]
+
+
+# ---------------------------------------------------------------- job-level truth
+# Per-rank series stay the raw truth; these alerts tell the rank that is waited for from the
+# ranks that wait (docs/alerting.md, "Job-level truth"), and page once per job and incident.
+#: Alerts that only inhibit others (Alertmanager routes `severity="info"` to no receiver).
+INFO_ALERTS = ("MindFormersLossNotFiniteFollower",)
+
+
+def _running_lately(cfg: RulesConfig) -> str:
+    """Ranks whose last reported status is running. A failed scrape marks a target's series
+    stale at once; the last value of the last 5m keeps one failed scrape from resetting `for`."""
+    return f"last_over_time({cfg.m('mindformers_train_status')}[5m]) == {STATUS_RUNNING}"
+
+
+def _loss_nonfinite(cfg: RulesConfig) -> str:
+    """Ranks whose loss is not finite now or was within the look-back."""
+    m = cfg.m
+    nf_loss = m("mindformers_train_nonfinite_total", 'metric="loss"')
+    return (f"max by (job_name, rank) (\n"
+            f"  ({m('mindformers_train_loss_finite')} == 0)\n  or\n"
+            f"  (sum without (metric) (increase({nf_loss}[{cfg.nonfinite_window}])) > 0)\n)")
+
+
+def _indent(expr: str, by: str = "  ") -> str:
+    return "\n".join(by + line for line in expr.splitlines())
+
+
+def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
+    """A NaN loss on one rank reaches every rank one step later (the gradient all-reduce):
+    the page names the rank(s) whose loss went non-finite first; the ranks that followed
+    fire an info alert that mutes their own fast-path posts. The silent case, a non-finite
+    grad norm while every loss stays finite and no overflow explains it, pages per job."""
+    m = cfg.m
+    first = m("mindformers_train_first_nonfinite_step")
+    recent = _loss_nonfinite(cfg)
+    # the first non-finite step of each rank whose loss is not finite now or lately (an
+    # earlier incident's ranks must not hide a new one), and its minimum over the job
+    per_rank_first = f"(\n  max by (job_name, rank) ({first})\n  and on (job_name, rank)\n" \
+                     f"{_indent(recent, '  ')}\n)"
+    job_first = f"min by (job_name) {per_rank_first}"
+    nf_grad = m("mindformers_train_nonfinite_total", 'metric="grad_norm"')
+    overflow = m("mindformers_train_overflow_total")
+    w = cfg.nonfinite_window
+    # the alert's value is the rank's first non-finite step
+    followed = ('{{ with printf "count(mindformers_train_first_nonfinite_step{job_name=\'%s\'} '
+                '> %v)" $labels.job_name $value | query }}{{ . | first | value }}'
+                '{{ else }}0{{ end }}')
+    step_now = ('{{ with printf "max(mindformers_train_step{job_name=\'%s\'})" $labels.job_name '
+                '| query }}{{ . | first | value }}{{ end }}')
+    return [
+        # Labelled (job_name, rank) like the fast path's post (mfotel.alerting.fastpage), so
+        # Alertmanager merges the two. Named once every rank has been scraped at or past the
+        # job's first non-finite step (a rank scraped earlier may hide an earlier origin), or
+        # `nonfinite_settle` after it (a rank that stopped stepping holds the check back).
+        _alert(cfg, "MindFormersLossNotFinite",
+               f"{per_rank_first}\n== on (job_name) group_left ()\n{job_first}\n"
+               f"and on (job_name)\n(\n"
+               f"  min by (job_name) ({m('mindformers_train_step')})\n"
+               f"  >= on (job_name)\n{_indent(job_first)}\n  or\n"
+               f"  count by (job_name) (\n    {first} offset {cfg.nonfinite_settle}\n"
+               f"    and on (job_name, rank)\n{_indent(recent, '    ')}\n  )\n)",
+               "0m", "critical", "Training loss is NaN or Inf.",
+               f"The loss of {_WHO} went NaN/Inf first, at step {{{{ $value }}}} (or within the "
+               f"last {cfg.nonfinite_window}): the incident started on this rank. {followed} other "
+               "rank(s) of the job followed a step later (the gradient all-reduce carries a NaN "
+               "to every rank); look at this rank's data and inputs first."),
+        _alert(cfg, "MindFormersLossNotFiniteFollower",
+               f"{per_rank_first}\n> on (job_name) group_left ()\n{job_first}",
+               "0m", "info", "A rank's loss went NaN or Inf after another rank's.",
+               f"The loss of {_WHO} went NaN/Inf at step {{{{ $value }}}}, after another rank's: "
+               "it followed (the gradient all-reduce carried it). Sent nowhere: it mutes this "
+               "rank's own MindFormersLossNotFinite; the page names the rank it started on."),
+        _alert(cfg, "MindFormersGradNormNotFinite",
+               f"count by (job_name) (\n"
+               f"  (sum without (metric) (increase({nf_grad}[{w}])) > 0)\n"
+               f"  unless on (job_name, rank)\n  (increase({overflow}[{w}]) > 0)\n)\n"
+               f"unless on (job_name)\n(\n{_indent(f'max by (job_name) ({recent})')}\n)",
+               cfg.grad_norm_nonfinite_for, "critical",
+               "Gradient norm is NaN or Inf while the loss stays finite.",
+               f"The gradient norm of {_JOB} was NaN/Inf on {{{{ $value }}}} rank(s) in the "
+               f"last {w} (by step {step_now}) while every rank's loss stayed finite and no "
+               "loss-scale overflow explains it: the weights are turning NaN (a NaN input behind "
+               "a ReLU keeps the loss finite and constant). The gradient all-reduce gives every "
+               "rank the same norm, so it does not tell where it started; stop or roll back "
+               "before the next checkpoint saves NaN weights."),
+    ]
+
+
+def _training_stalled(cfg: RulesConfig) -> dict[str, Any]:
+    """Stalled ranks, naming the ones the others wait for: a rank not inside a step while
+    others are (the rest wait in the next step's collective), or behind them. When no rank
+    stands out (all inside the same step: a collective or device hang), one alert per job."""
+    m = cfg.m
+    ts = m("mindformers_train_last_step_timestamp_seconds")
+    steps = m("mindformers_train_steps_total")
+    running = _running_lately(cfg)
+    stalled = (f"(\n  (time() - {ts}) > {cfg.stall_seconds}\n"
+               f"  unless on (job_name, rank)\n"
+               f"  (time() - {ts}) <= on (job_name, rank) {_num(cfg.stall_step_factor)} * "
+               f"{step_interval_record(cfg)}\n)\n"
+               f"and on (job_name, rank) ({running})\n"
+               f"and on (job_name, rank) (changes({steps}[{cfg.stall_seconds}s]) == 0)")
+    # a running rank's place: its last completed step, + 0.5 inside the next one (a rank
+    # without the step begin timestamp, an older exporter, counts as between steps)
+    step = f"max by (job_name, rank) ({m('mindformers_train_step')})"
+    position = (f"{step}\n+ on (job_name, rank)\n"
+                f"(\n  0.5 * (\n{_indent(_in_step(cfg), '    ')}\n  )\n"
+                f"  or on (job_name, rank)\n  0 * {step}\n)\n"
+                f"and on (job_name, rank) ({running})")
+    behind = (f"(\n{_indent(position)}\n)\n< on (job_name) group_left ()\n"
+              f"max by (job_name) (\n{_indent(position)}\n)")
+    suspects = f"(\n{_indent(stalled)}\n)\nand on (job_name, rank)\n(\n{_indent(behind)}\n)"
+    return _alert(
+        cfg, "MindFormersTrainingStalled",
+        f"{suspects}\nor on (job_name)\n"
+        f"max by (job_name) (\n{_indent(stalled)}\n)",
+        cfg.stall_for, "critical", "Training made no step progress.",
+        "{{ if $labels.rank }}"
+        f"{_WHO} completed no step for {{{{ $value | humanizeDuration }}}} and is the rank the "
+        "others wait for: it is not inside a step (or is behind) while the job's other ranks "
+        "have gone further, into the next step's collective. Its data loader, host code, I/O "
+        "or node hangs."
+        "{{ else }}"
+        f"Every running rank of {_JOB} completed no step for {{{{ $value | humanizeDuration }}}}, "
+        "all stopped at the same place, no rank behind the others: a hang inside the step (a "
+        "collective, the device) or the same hang on every rank."
+        "{{ end }}"
+        f" (threshold: the larger of {cfg.stall_seconds}s and {_num(cfg.stall_step_factor)} x "
+        "the rank's mean step interval)")
+
+
+def _straggler_rank(cfg: RulesConfig) -> dict[str, Any]:
+    """The rank the others wait for (slow outside its timed step). A rank slow inside the
+    step (compute) makes every rank's timed step equally long: no rank is named, the job's
+    MindFormersThroughputDrop fires."""
+    running = _running_lately(cfg)
+    return _alert(
+        cfg, "MindFormersStragglerRank",
+        f"{WAITED_FOR} > {_num(cfg.straggler_wait_ratio)}\nand on (job_name, rank) ({running})",
+        cfg.straggler_for, "warning", "The other ranks wait for one rank.",
+        f"The other ranks of job {{{{ $labels.job_name }}}} wait for rank {{{{ $labels.rank }}}}: "
+        "it spends {{ $value | humanizePercentage }} more of its time outside the training step "
+        "(input pipeline, host work between steps) than the job's median rank, while the others "
+        "wait for it inside theirs (its own step time is the shortest). Threshold "
+        f"{cfg.straggler_wait_ratio:.0%}. Check its data loading, storage and host.")
 
 
 def _checkpoint_too_old(cfg: RulesConfig) -> dict[str, Any]:
@@ -464,7 +716,8 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 
 _Dumper.add_representer(str, _str)
 
-_HEADER = ("# Generated by `python -m mfotel.alerting.rules` (mfotel/alerting/rules.py) from RulesConfig{overrides}.\n"
+_HEADER = ("# Generated by `mfotel rules` (mfotel/alerting/rules.py) from "
+           "RulesConfig{overrides}.\n"
            "# Do not edit: change the config or the generator and regenerate.\n")
 
 
@@ -490,14 +743,20 @@ def alert_names(cfg: RulesConfig | None = None) -> list[str]:
 
 def write_rules(out_dir: str | Path, config: RulesConfig | None = None) -> list[Path]:
     """Write both rule files into `out_dir` (created if needed); returns their paths."""
-    from ..assets import rule_files, write_files
-    return write_files(rule_files(config), out_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render_rules(config).items():
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
+    return written
 
 
 def stale_rule_files(out_dir: str | Path, config: RulesConfig | None = None) -> list[str]:
     """Names of the files in `out_dir` that differ from what `config` generates."""
-    from ..assets import rule_files, stale_files
-    return stale_files(rule_files(config), out_dir)
+    out = Path(out_dir)
+    return [name for name, text in render_rules(config).items()
+            if not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text]
 
 
 def parse_set(items: Sequence[str]) -> dict[str, Any]:
@@ -509,22 +768,10 @@ def parse_set(items: Sequence[str]) -> dict[str, Any]:
         if not sep or key not in fields:
             hint = ", ".join(sorted(fields))
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE with KEY one of: {hint}")
-        kind = type(fields[key].default)
+        default: Any = fields[key].default   # every RulesConfig field has one
+        kind = type(default)
         try:
             overrides[key] = kind(raw)
         except ValueError:
             raise SystemExit(f"--set {item!r}: {raw!r} is not a {kind.__name__}") from None
     return overrides
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m mfotel.alerting.rules`: the same as `mfotel rules`."""
-    from ..assets import add_arguments
-    parser = add_arguments(argparse.ArgumentParser(
-        prog="python -m mfotel.alerting.rules", description=__doc__.splitlines()[0]), "rules")
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

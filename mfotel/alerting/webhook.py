@@ -121,7 +121,7 @@ def _strings(where: str, value: Any, labels: bool) -> dict[str, str]:
     return value
 
 
-def _object(raw: dict, key: str) -> Any:
+def _object(raw: dict[str, Any], key: str) -> Any:
     value = raw.get(key)
     return {} if value is None else value
 

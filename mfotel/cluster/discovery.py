@@ -20,14 +20,16 @@ import re
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..config import ConfigError, MonitorConfig
 from ..identity import RankIdentity
+from ..subcommand import Subcommand
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 _HOSTFILE_LINE = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<colon>\d+))?"
@@ -135,7 +137,7 @@ def _scheme(cfg: MonitorConfig) -> str:
     if prom.certfile:
         return "https"
     if prom.web_config_file:
-        from ..webconfig import load_web_config
+        from ..endpoint.webconfig import load_web_config
         return "https" if load_web_config(prom.web_config_file).tls is not None else "http"
     return "http"
 
@@ -148,15 +150,17 @@ class FileSdWriter:
     After a failure the file stays, so Prometheus keeps showing the dead targets as `up == 0`.
     """
 
-    def __init__(self, cfg: MonitorConfig, identity: RankIdentity, job_name: str) -> None:
+    def __init__(self, cfg: MonitorConfig, identity: RankIdentity, job_name: str,
+                 scheme: str | None = None) -> None:
         self.cfg, self.identity, self.job_name = cfg, identity, job_name
+        self.scheme = scheme  # http / https of the endpoint; None: from the config
         self.path = cfg.file_sd.resolved_path(identity.rank, job_name)
         self.written: Path | None = None
 
     def groups(self) -> list[dict[str, Any]]:
         """The target groups this rank is responsible for ([] = writes nothing)."""
         sd, ident, base = self.cfg.file_sd, self.identity, self.cfg.prometheus.port
-        labels, scheme = dict(sd.labels), _scheme(self.cfg)
+        labels, scheme = dict(sd.labels), self.scheme or _scheme(self.cfg)
         if not base:
             return []
         if sd.mode == "rank":
@@ -172,8 +176,9 @@ class FileSdWriter:
             raise ConfigError(self.cfg.source, "monitor_config.file_sd.hosts",
                               f"the job runs {ident.world_size} ranks on {nodes} nodes, but rank 0 "
                               f"knows only its own node's address",
-                              "list the nodes in node-rank order (file_sd.hosts: [node-1, node-2]), "
-                              "or use mode: rank with {rank} in a path on a shared file system")
+                              "list the nodes in node-rank order (file_sd.hosts: [node-1, "
+                              "node-2]), or use mode: rank with {rank} in a path on a shared "
+                              "file system")
         if len(hosts) * per_node < ident.world_size:
             raise ConfigError(self.cfg.source, "monitor_config.file_sd.hosts",
                               f"{len(hosts)} hosts x {per_node} ranks per node is fewer than the "
@@ -225,7 +230,8 @@ def check_port_collision(cfg: MonitorConfig, identity: RankIdentity, job_name: s
     run lingering) is not a rank collision: the caller has already warned about it.
     """
     owner = probe_owner(cfg.prometheus.host, port)
-    if owner is None or owner.get("job_name") != job_name or owner.get("rank") == str(identity.rank):
+    if owner is None or owner.get("job_name") != job_name or \
+            owner.get("rank") == str(identity.rank):
         return
     if owner.get("status") not in (None, "0", "1"):
         return  # a previous run of the job, completed or failed, still lingering
@@ -293,19 +299,11 @@ def add_targets_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
-def add_targets_command(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `targets` on an argparse subparsers object; dispatch via `args.func(args)`."""
-    parser = subparsers.add_parser("targets", help="write a Prometheus file_sd file for a job",
-                                   description=__doc__.splitlines()[0])
-    add_targets_arguments(parser)
-    parser.set_defaults(func=run_targets_command)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = add_targets_arguments(argparse.ArgumentParser(
-        prog="python -m mfotel.cluster.discovery", description=__doc__.splitlines()[0]))
-    return run_targets_command(parser.parse_args(argv))
+COMMAND = Subcommand("targets", "write a Prometheus file_sd file for a job",
+                     "python -m mfotel.cluster.discovery", add_targets_arguments,
+                     run_targets_command, __doc__)
+add_targets_command = COMMAND.register
+main = COMMAND.main
 
 
 if __name__ == "__main__":

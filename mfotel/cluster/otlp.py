@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from opentelemetry.sdk.metrics.export import (MetricExporter, MetricExportResult,
-                                              PeriodicExportingMetricReader)
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
 
 from ..config import OtlpConfig, metrics_url
 from ..config.redact import redact_text, redact_url
@@ -63,7 +67,8 @@ class CountingExporter(MetricExporter):
                  warn_once: Callable[[str], None], endpoint: str = "") -> None:
         super().__init__(preferred_temporality=inner._preferred_temporality,
                          preferred_aggregation=inner._preferred_aggregation)
-        self.inner, self.on_error, self.warn_once, self.endpoint = inner, on_error, warn_once, endpoint
+        self.inner, self.on_error, self.warn_once = inner, on_error, warn_once
+        self.endpoint = endpoint
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:

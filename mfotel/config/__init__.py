@@ -19,13 +19,33 @@ all the problems of a document come in one ConfigError, one line each.
 from __future__ import annotations
 
 from .errors import ConfigError, did_you_mean
-from .keys import (ALIASES, JOB_NAME_PATTERN, KNOWN_KEYS, describe, json_schema, override,
-                   parse_config)
+from .keys import (
+                   ALIASES,
+                   JOB_NAME_PATTERN,
+                   KNOWN_KEYS,
+                   describe,
+                   json_schema,
+                   override,
+                   parse_config,
+)
 from .otel_env import Resolved, metrics_url, resolve_otel_env
 from .preflight import check_writable
-from .settings import (ACTIONS, CARDINALITY_LEVELS, DEFAULT_JOB_NAME, FILE_SD_MODES, SECTION,
-                       ActionsConfig, FileSdConfig, MonitorConfig, NonfiniteRule, OtlpConfig,
-                       OutputConfig, PlateauRule, PrometheusConfig, RunConfig)
+from .settings import (
+                   ACTIONS,
+                   CARDINALITY_LEVELS,
+                   DEFAULT_JOB_NAME,
+                   FILE_SD_MODES,
+                   SECTION,
+                   ActionsConfig,
+                   FileSdConfig,
+                   MonitorConfig,
+                   NonfiniteRule,
+                   OtlpConfig,
+                   OutputConfig,
+                   PlateauRule,
+                   PrometheusConfig,
+                   RunConfig,
+)
 from .source import find_callback_entry, load_config, read_yaml
 
 __all__ = ["ACTIONS", "ALIASES", "CARDINALITY_LEVELS", "DEFAULT_JOB_NAME", "FILE_SD_MODES",

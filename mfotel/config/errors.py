@@ -1,9 +1,13 @@
-"""ConfigError: one or several problems, each naming the file, the key path, the value and the fix."""
+"""ConfigError: one or several problems, each naming the file, the key path, the value and the
+fix."""
 from __future__ import annotations
 
 import difflib
 import reprlib
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 #: Longest excerpt of a bad value shown in a message (a 4 MB string must not become the message).
 SHOW_CHARS = 80
@@ -19,7 +23,7 @@ class ConfigError(ValueError):
     """
 
     def __init__(self, source: str, key: str | None = None, problem: str = "",
-                 fix: str = "", errors: Iterable["ConfigError"] = ()) -> None:
+                 fix: str = "", errors: Iterable[ConfigError] = ()) -> None:
         self.source, self.key, self.problem, self.fix = source, key, problem, fix
         self.errors: list[ConfigError] = list(errors) or [self]
         if len(self.errors) > 1:
@@ -31,29 +35,44 @@ class ConfigError(ValueError):
         super().__init__(message)
 
     @classmethod
-    def of(cls, errors: list["ConfigError"]) -> "ConfigError":
+    def of(cls, errors: list[ConfigError]) -> ConfigError:
         """One ConfigError carrying every problem of `errors` (flattened, in order)."""
         flat = [leaf for error in errors for leaf in error.errors]
         first = flat[0]
         return cls(first.source, first.key, first.problem, first.fix, errors=flat)
 
 
+#: Problems listed per document: a document with thousands of bad values must not cost
+#: thousands of messages (and their did-you-mean searches); one more line says so.
+MAX_PROBLEMS = 20
+
+
 class Problems:
-    """Collects the ConfigErrors of one document, so that all are reported at once.
+    """Collects the ConfigErrors of one document, so that all are reported at once (the
+    first MAX_PROBLEMS of them: loops stop checking once `full`).
 
         problems = Problems()
-        with problems.collect():
-            check_one_key(...)
+        problems.run(check_one_key, ...)
         problems.raise_if_any()
     """
 
     def __init__(self) -> None:
         self.errors: list[ConfigError] = []
+        self.truncated = False   # problems were left out
+
+    @property
+    def full(self) -> bool:
+        """No further problem will be listed: callers stop looking (and set `truncated`)."""
+        return len(self.errors) >= MAX_PROBLEMS
 
     def add(self, error: ConfigError) -> None:
-        self.errors.extend(error.errors)
+        for leaf in error.errors:
+            if self.full:
+                self.truncated = True
+                return
+            self.errors.append(leaf)
 
-    def run(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+    def run(self, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T | None:
         """`call(*args)`; a ConfigError is recorded and None returned."""
         try:
             return call(*args, **kwargs)
@@ -62,8 +81,14 @@ class Problems:
             return None
 
     def raise_if_any(self) -> None:
-        if self.errors:
-            raise ConfigError.of(self.errors)
+        if not self.errors:
+            return
+        if self.truncated:
+            last = self.errors[-1]
+            self.errors.append(ConfigError(last.source, last.key, f"more problems follow; "
+                                           f"only the first {MAX_PROBLEMS} are listed",
+                                           "fix these, then check again"))
+        raise ConfigError.of(self.errors)
 
 
 _REPR = reprlib.Repr()  # bounded depth and width, whatever the value
@@ -80,5 +105,7 @@ def show(value: Any) -> str:
 def did_you_mean(word: Any, choices: Iterable[Any]) -> str:
     """` (did you mean 'x'?)` for the closest of `choices`, else ''."""
     word = str(word)[:SHOW_CHARS]
-    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    names = [str(c) for c in choices]
+    same = [name for name in names if name.lower() == word.lower()]  # JSON for json
+    close = same or difflib.get_close_matches(word, names, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""

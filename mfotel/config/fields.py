@@ -10,18 +10,21 @@ value and the fix) and the schema `mfotel schema` prints, so the two cannot drif
 from __future__ import annotations
 
 import math
+import os
 import re
 import string
-from dataclasses import dataclass, field, is_dataclass
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, is_dataclass, replace
+from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConfigError, Problems, did_you_mean, show
-from .redact import redact_url
+from .redact import is_secret_name, redact_url
 
 #: Whole-number settings (steps, sizes, series): below 2**31, far above any real run.
 MAX_COUNT = 2**31 - 1
 DAY_SECONDS = 86_400.0
+_CONTROL = frozenset(map(chr, [*range(32), 127]))  # never in a URL (NUL, line breaks, ...)
 
 
 def _leaf(key: str) -> str:
@@ -30,8 +33,12 @@ def _leaf(key: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Field:
-    """One configuration value: `check` returns it normalised or raises ConfigError."""
+    """One configuration value: `check` returns it normalised or raises ConfigError.
+
+    `why`: the reason for its bounds, in its description and in the fix of a bad value.
+    """
     doc: str = ""
+    why: str = ""
 
     def check(self, value: Any, source: str, key: str) -> Any:
         raise NotImplementedError
@@ -43,7 +50,7 @@ class Field:
         """The schema with description and default (for editors)."""
         out = self.schema()
         if self.doc:
-            out["description"] = self.doc
+            out["description"] = f"{self.doc}; {self.why}" if self.why else self.doc
         if default is not None and not is_dataclass(default):
             out["default"] = list(default) if isinstance(default, tuple) else (
                 dict(default) if isinstance(default, Mapping) else default)
@@ -55,8 +62,10 @@ class Bool(Field):
     def check(self, value: Any, source: str, key: str) -> bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(source, key, f"{show(value)} is not a boolean",
-                          f"write {_leaf(key)}: true or false (unquoted)")
+        word = value.strip().lower() if isinstance(value, str) else ""
+        fix = (f"write {_leaf(key)}: {word} unquoted (YAML read {value!r} as text)"
+               if word in ("true", "false") else f"write {_leaf(key)}: true or false (unquoted)")
+        raise ConfigError(source, key, f"{show(value)} is not a boolean", fix)
 
     def schema(self) -> dict[str, Any]:
         return {"type": "boolean"}
@@ -66,16 +75,35 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _numeric_text_hint(value: Any, key: str) -> str:
-    """YAML 1.1 reads `1e3` (no dot) and quoted numbers as text: say so in the fix."""
-    if isinstance(value, str) and value.isascii():
-        try:
-            number = float(value)
-        except ValueError:
-            return ""
-        if math.isfinite(number):
-            return f" (YAML read {value!r} as text: write {_leaf(key)}: {number!r} unquoted)"
-    return ""
+def _yaml_number(text: str) -> str:
+    """A float's text as YAML 1.1 reads it back as a number: PyYAML takes `1e-05` for text,
+    so an exponent needs a dot (`1.0e-05`)."""
+    return text.replace("e", ".0e", 1) if "e" in text and "." not in text else text
+
+
+def _unquoted_hint(field: Field, value: Any, key: str, whole: bool) -> str:
+    """YAML 1.1 reads quoted numbers and `1e3` (no dot) as text: when `value` is such a text
+    and its number is one `field` takes, the fix names the number to write in the key's kind
+    (`whole`: `50`, else `50.0`)."""
+    if not (isinstance(value, str) and value.isascii()):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number) or (whole and not number.is_integer()):
+        return ""
+    candidate = int(number) if whole else number
+    try:
+        field.check(candidate, "", key)
+    except ConfigError:
+        return ""  # the number itself is out of bounds: the fix above says what to use
+    written = str(candidate) if whole else _yaml_number(repr(number))
+    return f" (YAML read {value!r} as text: write {_leaf(key)}: {written} unquoted)"
+
+
+def _because(why: str) -> str:
+    return f" ({why})" if why else ""
 
 
 @dataclass(frozen=True)
@@ -96,7 +124,7 @@ class Int(Field):
             f"between {self.minimum} and {self.maximum}"
         raise ConfigError(source, key, f"{show(value)} is not a whole number {bounds}",
                           f"use a whole number {bounds}, e.g. {_leaf(key)}: {self.example}"
-                          + _numeric_text_hint(value, key))
+                          + _unquoted_hint(self, value, key, whole=True) + _because(self.why))
 
     def schema(self) -> dict[str, Any]:
         return {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
@@ -118,11 +146,12 @@ class Number(Field):
         if low_ok and value <= self.maximum and math.isfinite(float(value)):
             return float(value)
         unit = f" of {self.unit}" if self.unit else ""
+        sign = "positive " if self.minimum > 0 else ""
         what = (f"a positive number{unit} <= {self.maximum:g}" if self.positive
-                else f"a number{unit} >= {self.minimum:g} and <= {self.maximum:g}")
+                else f"a {sign}number{unit} >= {self.minimum:g} and <= {self.maximum:g}")
         raise ConfigError(source, key, f"{show(value)} is not {what}",
-                          f"use {what}, e.g. {_leaf(key)}: {self.example:g}"
-                          + _numeric_text_hint(value, key))
+                          f"use {what}, e.g. {_leaf(key)}: {_yaml_number(f'{self.example:g}')}"
+                          + _unquoted_hint(self, value, key, whole=False) + _because(self.why))
 
     def schema(self) -> dict[str, Any]:
         low = "exclusiveMinimum" if self.positive else "minimum"
@@ -139,15 +168,53 @@ class Text(Field):
     example: str = "..."
 
     def check(self, value: Any, source: str, key: str) -> str:
-        ok = isinstance(value, str) and value.strip() and len(value) <= self.max_length
-        if ok and (not self.pattern or re.search(self.pattern, value)):
-            return value
+        if isinstance(value, str) and value.strip() and len(value) <= self.max_length:
+            if "\0" in value:
+                raise ConfigError(source, key, f"{show(value)} contains a NUL character (\\0)",
+                                  f"remove it: no setting can hold one, e.g. {_leaf(key)}: "
+                                  f"{self.example}")
+            if not self.pattern or re.search(self.pattern, value):
+                return value
         rule = self.rule or f"{self.what} of at most {self.max_length} characters"
         raise ConfigError(source, key, f"{show(value)} is not {self.what}",
                           f"use {rule}, e.g. {_leaf(key)}: {self.example}")
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "string", "pattern": self.pattern or r"\S", "maxLength": self.max_length}
+        return {"type": "string", "pattern": self.pattern or r"\S", "maxLength": self.max_length,
+                "not": NUL_SCHEMA}
+
+
+#: Linux limits: a path of at most PATH_MAX - 1 bytes, names of at most NAME_MAX bytes.
+PATH_MAX_BYTES, NAME_MAX_BYTES = 4095, 255
+NUL_SCHEMA = {"pattern": r"\u0000"}
+
+
+def path_problem(text: str) -> str | None:
+    """Why `text` cannot name a file on this system (NUL is refused by Text), or None."""
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeError:
+        return "cannot be written as a file name on this system (characters the file " \
+               "system encoding cannot hold)"
+    if len(encoded) > PATH_MAX_BYTES:
+        return f"is longer than the {PATH_MAX_BYTES} bytes a path may have"
+    if any(len(part) > NAME_MAX_BYTES for part in encoded.split(b"/")):
+        return f"has a name longer than the {NAME_MAX_BYTES} bytes a file name may have"
+    return None
+
+
+@dataclass(frozen=True)
+class FilePath(Text):
+    """A file or directory path: text that can name a file here (no NUL, within the limits)."""
+
+    def check(self, value: Any, source: str, key: str) -> str:
+        text = Text.check(self, value, source, key)
+        problem = path_problem(text)
+        if problem:
+            raise ConfigError(source, key, f"{show(value)} {problem}",
+                              f"write a path the file system can hold, e.g. {_leaf(key)}: "
+                              f"{self.example}")
+        return text
 
 
 @dataclass(frozen=True)
@@ -169,13 +236,13 @@ class Choice(Field):
 
 
 @dataclass(frozen=True)
-class Template(Text):
+class Template(FilePath):
     """A path with `{name}` placeholders from `allowed` only: no format specs, no others."""
     allowed: tuple[str, ...] = ("rank", "job_name")
 
     def check(self, value: Any, source: str, key: str) -> str:
-        text = Text.check(self, value, source, key)  # non-blank, bounded length
-        names = ", ".join("{%s}" % a for a in self.allowed)
+        text = FilePath.check(self, value, source, key)  # non-blank, bounded, a possible path
+        names = ", ".join(f"{{{a}}}" for a in self.allowed)
         fix = f"use only {names} as placeholders (write {{{{ and }}}} for literal braces)"
         try:
             parts = list(string.Formatter().parse(text))
@@ -188,13 +255,13 @@ class Template(Text):
                 raise ConfigError(source, key, f"{show(value)} has the placeholder {{{name}}}", fix)
             if spec or conversion:
                 raise ConfigError(source, key, f"{show(value)} formats {{{name}}} "
-                                  f"({'!' + conversion if conversion else ':' + spec})",
+                                  f"({f'!{conversion}' if conversion else f':{spec}'})",
                                   f"write plain {{{name}}}, without a format")
         return text
 
     def schema(self) -> dict[str, Any]:
         names = "|".join(re.escape(a) for a in self.allowed)
-        return {"type": "string", "maxLength": self.max_length,
+        return {"type": "string", "maxLength": self.max_length, "not": NUL_SCHEMA,
                 "allOf": [{"pattern": r"\S"},
                           {"pattern": rf"^(?:[^{{}}]|\{{\{{|\}}\}}|\{{(?:{names})\}})*$"}]}
 
@@ -211,7 +278,8 @@ class Url(Field):
             try:
                 parts = urlsplit(value)
                 ok = parts.scheme in ("http", "https") and bool(parts.hostname) \
-                    and (parts.port is None or parts.port > 0) and not any(c.isspace() for c in value)
+                    and (parts.port is None or parts.port > 0) \
+                    and not any(c.isspace() or c in _CONTROL for c in value)
             except ValueError:  # a port that is not a number, or out of range
                 ok = False
             for pattern, reason in self.refuse:
@@ -228,8 +296,8 @@ class Url(Field):
         authority = r"(?:[^\s/?#@]+@)?(?:\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(?::[0-9]{1,5})?"
         out: dict[str, Any] = {"type": "string", "maxLength": 2048,
                                "pattern": rf"^https?://{authority}(?:[/?#]\S*)?$"}
-        if self.refuse:
-            out["not"] = {"anyOf": [{"pattern": p} for p, _ in self.refuse]}
+        out["not"] = {"anyOf": [{"pattern": p} for p, _ in self.refuse]
+                      + [{"pattern": "[\\u0000-\\u001f\\u007f]"}]}
         return out
 
 
@@ -246,6 +314,9 @@ class StringMap(Field):
                               f"write {_leaf(key)} as key: value pairs")
         problems, out = Problems(), {}
         for name, item in value.items():
+            if problems.full:
+                problems.truncated = True
+                break
             if not isinstance(name, str) or not name.strip():
                 problems.add(ConfigError(source, f"{key}.{show(name)}", "the name is not text",
                                          "use text names"))
@@ -253,7 +324,7 @@ class StringMap(Field):
                 problems.add(ConfigError(source, f"{key}.{name}", self.reason,
                                          f"remove {name} from {_leaf(key)}"))
             elif isinstance(item, bool) or not isinstance(item, (str, int, float)):
-                shown = "the value" if self.secret else show(item)
+                shown = "the value" if self.secret or is_secret_name(name) else show(item)
                 problems.add(ConfigError(source, f"{key}.{name}", f"{shown} is not a text "
                                          "or number", f"write {name}: a single value"))
             else:
@@ -286,6 +357,9 @@ class ListOf(Field):
             raise ConfigError(source, key, f"{show(value)} is not a non-empty list", self.fix)
         problems, out = Problems(), []
         for i, item in enumerate(items):
+            if problems.full:
+                problems.truncated = True
+                break
             try:
                 checked = self.item.check(item, source, f"{key}[{i}]")
             except ConfigError as exc:
@@ -319,8 +393,9 @@ class Ranks(Field):
         ranks = [int(i) if isinstance(i, float) and i.is_integer() else i for i in items]
         if not ranks or not all(isinstance(r, int) and not isinstance(r, bool)
                                 and 0 <= r <= MAX_COUNT for r in ranks):
+            hint = _unquoted_hint(self, value, key, whole=True) if isinstance(value, str) else ""
             raise ConfigError(source, key, f"{show(value)} is not a rank or a list of ranks",
-                              self.fix)
+                              self.fix + hint)
         return tuple(sorted(set(ranks)))
 
     def schema(self) -> dict[str, Any]:
@@ -335,7 +410,10 @@ class Optional(Field):
     inner: Field = field(default_factory=Field)
 
     def check(self, value: Any, source: str, key: str) -> Any:
-        return None if value is None else self.inner.check(value, source, key)
+        if value is None:
+            return None
+        inner = replace(self.inner, why=self.why) if self.why else self.inner  # for the fix
+        return inner.check(value, source, key)
 
     def schema(self) -> dict[str, Any]:
         return {"anyOf": [self.inner.schema(), {"type": "null"}]}
@@ -371,6 +449,9 @@ class Section(Field):
         known = (*self.keys, *self.aliases)
         seen: set[str] = set()
         for raw, item in value.items():
+            if problems.full:
+                problems.truncated = True
+                break
             name = self.aliases.get(str(raw), str(raw))
             at = f"{key}.{raw if isinstance(raw, str) else show(raw)}"
             if name in seen:

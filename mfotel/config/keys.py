@@ -8,17 +8,46 @@ naming the source, the key path, the bad value and the fix.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields, replace
-from typing import Any, Mapping
+from typing import Any
 
 from ..contract import SEED_METRICS
 from .errors import ConfigError, show
-from .fields import (DAY_SECONDS, Bool, Choice, Constraint, Int, ListOf, Number, Optional,
-                     Ranks, Section, StringMap, Template, Text, Url)
-from .redact import redact_headers, redact_url
-from .settings import (ACTIONS, CARDINALITY_LEVELS, FILE_SD_MODES, NATIVE_MONITOR_KEYS, SECTION,
-                       ActionsConfig, FileSdConfig, MonitorConfig, NonfiniteRule, OtlpConfig,
-                       OutputConfig, PlateauRule, PrometheusConfig, RunConfig)
+from .fields import (
+    DAY_SECONDS,
+    Bool,
+    Choice,
+    Constraint,
+    FilePath,
+    Int,
+    ListOf,
+    Number,
+    Optional,
+    Ranks,
+    Section,
+    StringMap,
+    Template,
+    Text,
+    Url,
+)
+from .redact import redact_headers, redact_named, redact_url
+from .settings import (
+    ACTIONS,
+    CARDINALITY_LEVELS,
+    FILE_SD_MODES,
+    NATIVE_MONITOR_KEYS,
+    SECTION,
+    ActionsConfig,
+    FileSdConfig,
+    MonitorConfig,
+    NonfiniteRule,
+    OtlpConfig,
+    OutputConfig,
+    PlateauRule,
+    PrometheusConfig,
+    RunConfig,
+)
 
 #: Job names are Prometheus label values and parts of file names: a safe, short set.
 JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -30,7 +59,22 @@ JOB_NAME = Text(JOB_NAME_PATTERN, max_length=128, what="a safe job name", rule=J
                     "YAML file's stem, else OTEL_SERVICE_NAME, else mindformers)")
 #: Labels every series or target already has: a user label of that name would clash.
 RESERVED_TARGET_LABELS = ("job_name", "rank", "job", "instance")
-PATH = Template(doc="{rank} and {job_name} are filled in")
+#: Bounds the run can live with, each with its reason (shown in `mfotel schema`).
+#: OTLP pushes: each holds the GIL while it collects and encodes (MindSpore needs the
+#: pure-Python protobuf); measured with benchmarks/otlp_interval.py on the demo network:
+#: interval 0.1 s 1.1-1.4x slower, 0.01 s 3x, 0.001 s 5-8x; timeouts of 1-10 ms fail pushes
+#: to a collector on loopback, and a remote one needs a TCP + TLS handshake.
+MIN_PUSH_INTERVAL_SECONDS = 1.0
+MIN_PUSH_TIMEOUT_SECONDS = 1.0
+#: A TLS handshake and request head over a loaded network can take this long.
+MIN_REQUEST_TIMEOUT_SECONDS = 1.0
+#: Retry-After is 1 / rate: a lower rate would lock a user who mistyped out for > 100 s.
+MIN_AUTH_FAILURES_PER_SECOND = 0.01
+#: Learning-rate multipliers: below 1e-6 the rate is as good as zero (float32 underflows
+#: with it), above 100 a run diverges at once. `mfotel control --scale-lr` uses the same bounds.
+LR_FACTOR_RANGE = (1e-6, 100.0)
+#: Steps between a decision and its application: more would delay a stop past the run.
+MAX_LEAD_STEPS = 100_000
 OTLP_ENDPOINT = Url(refuse=((r"/v1/(?:traces|logs)/?$", "is a collector's traces or logs path"),),
                     example="http://collector:4318",
                     doc="OTLP/HTTP collector: a base URL gets /v1/metrics appended, a URL with "
@@ -96,7 +140,8 @@ def _one_nonfinite_policy(cfg: MonitorConfig, raw: Mapping[str, Any], source: st
     if cfg.on_nonfinite == "stop" and cfg.actions.nonfinite is not None:
         raise ConfigError(source, f"{key}.on_nonfinite", "on_nonfinite: stop and "
                           "actions.nonfinite both say what to do on a NaN loss",
-                          "keep actions.nonfinite (action: stop is the same) and remove on_nonfinite")
+                          "keep actions.nonfinite (action: stop is the same) and remove "
+                          "on_nonfinite")
 
 
 ONE_NONFINITE_POLICY = Constraint(_one_nonfinite_policy, {"not": {
@@ -108,9 +153,12 @@ ONE_NONFINITE_POLICY = Constraint(_one_nonfinite_policy, {"not": {
 
 # ---------------------------------------------------------------- the keys
 def _rule(cls: type, extra: Mapping[str, Any], doc: str) -> Optional:
+    low, high = LR_FACTOR_RANGE
     keys = {"action": Choice(choices=ACTIONS, doc="stop | scale_lr | warn"),
-            "factor": Number(0.0, 1e6, positive=True, example=0.5,
-                             doc="learning-rate multiplier, for action: scale_lr"), **extra}
+            "factor": Number(low, high, example=0.5,
+                             doc="learning-rate multiplier, for action: scale_lr",
+                             why=f"{low:g} to {high:g}: below, the rate is as good as zero; "
+                                 f"above, the run diverges"), **extra}
     return Optional(inner=Section(cls=cls, keys=keys, constraints=(FACTOR_NEEDS_SCALE_LR,),
                                   nullable=False), doc=doc)
 
@@ -118,7 +166,8 @@ def _rule(cls: type, extra: Mapping[str, Any], doc: str) -> Optional:
 OUTPUT = Section(cls=OutputConfig, doc="where the [Monitor] lines go", keys={
     "console": Bool(doc="print [Monitor] lines"),
     "file": Bool(doc="also write them to file_path"),
-    "file_path": Template(doc="relative to the working directory; {rank}, {job_name} allowed"),
+    "file_path": Template(example="./monitor_logs/train_{rank}.log",
+                          doc="relative to the working directory; {rank}, {job_name} allowed"),
     "format": Choice(choices=("text", "json"), doc="text (the console line) or json lines"),
 })
 PROMETHEUS = Section(cls=PrometheusConfig, constraints=(TLS_PAIR,), doc="the /metrics endpoint",
@@ -126,19 +175,29 @@ PROMETHEUS = Section(cls=PrometheusConfig, constraints=(TLS_PAIR,), doc="the /me
     "host": Text(example="127.0.0.1", doc="bind address (OTEL_EXPORTER_PROMETHEUS_HOST)"),
     "port": Int(0, 65535, example=9464, doc="this rank serves port + local rank; 0 turns the "
                                             "endpoint off (OTEL_EXPORTER_PROMETHEUS_PORT)"),
-    "linger_seconds": Number(0.0, DAY_SECONDS, unit="seconds", example=30,
-                             doc="after the end, keep /metrics up until scraped, at most this long"),
+    "node_port": Optional(inner=Int(0, 65535, example=9463),
+                          doc="mfotel-instrument's node endpoint (each rank's process state, "
+                              "exit cause, CPU, memory); null: port - 1 (9463); 0 turns it off"),
+    "linger_seconds": Number(
+        0.0, DAY_SECONDS, unit="seconds", example=30,
+        doc="after the end, keep /metrics up until scraped, at most this long"),
     "linger_until_scraped": Bool(doc="false: always wait the full linger (HA Prometheus pairs)"),
-    "certfile": Optional(inner=Text(example="server.crt"), doc="TLS certificate (with keyfile)"),
-    "keyfile": Optional(inner=Text(example="server.key"), doc="TLS private key (with certfile)"),
-    "web_config_file": Optional(inner=Text(example="web.yml"),
+    "certfile": Optional(inner=FilePath(example="server.crt"),
+                         doc="TLS certificate (with keyfile)"),
+    "keyfile": Optional(inner=FilePath(example="server.key"),
+                        doc="TLS private key (with certfile)"),
+    "web_config_file": Optional(inner=FilePath(example="web.yml"),
                                 doc="Prometheus web-config file: TLS and basic auth"),
     "max_connections": Int(1, 10000, example=100,
                            doc="open connections at most; the oldest idle one makes room"),
-    "request_timeout_seconds": Number(0.0, 3600.0, positive=True, unit="seconds", example=10,
-                                      doc="TLS handshake + request head, and the response"),
-    "auth_failures_per_second": Number(0.0, 1000.0, positive=True, example=1,
-                                       doc="failed basic-auth attempts per client, then 429"),
+    "request_timeout_seconds": Number(MIN_REQUEST_TIMEOUT_SECONDS, 3600.0, unit="seconds",
+                                      example=10, doc="TLS handshake + request head, and the "
+                                      "response", why="at least 1 s: a handshake over a loaded "
+                                      "network can take that long"),
+    "auth_failures_per_second": Number(MIN_AUTH_FAILURES_PER_SECOND, 1000.0, example=1,
+                                       doc="failed basic-auth attempts per client, then 429",
+                                       why="at least 0.01: Retry-After is 1/rate, and a lower "
+                                           "rate locks out a user who mistyped for over 100 s"),
     "ui": Bool(doc="serve the live page (/) on the same port, behind the same TLS and auth"),
     "ui_history_points": Int(16, 1_000_000, example=10000,
                              doc="points of each metric the live page keeps (48 bytes per "
@@ -148,10 +207,16 @@ PROMETHEUS = Section(cls=PrometheusConfig, constraints=(TLS_PAIR,), doc="the /me
 })
 OTLP = Section(cls=OtlpConfig, doc="push to an OpenTelemetry Collector (OTLP/HTTP)", keys={
     "endpoint": Optional(inner=OTLP_ENDPOINT, doc=OTLP_ENDPOINT.doc),
-    "interval_seconds": Number(0.0, DAY_SECONDS, positive=True, unit="seconds", example=10,
-                               doc="push interval (OTEL_METRIC_EXPORT_INTERVAL)"),
-    "timeout_seconds": Number(0.0, 3600.0, positive=True, unit="seconds", example=5,
-                              doc="timeout of a push (OTEL_EXPORTER_OTLP_TIMEOUT)"),
+    "interval_seconds": Number(MIN_PUSH_INTERVAL_SECONDS, DAY_SECONDS, unit="seconds",
+                               example=10, doc="push interval (OTEL_METRIC_EXPORT_INTERVAL)",
+                               why="at least 1 s: a push holds the training process's GIL while "
+                                   "it encodes; every 0.1 s the demo trains 1.1-1.4x slower, "
+                                   "every 0.01 s 3x"),
+    "timeout_seconds": Number(MIN_PUSH_TIMEOUT_SECONDS, 3600.0, unit="seconds", example=5,
+                              doc="timeout of a push (OTEL_EXPORTER_OTLP_TIMEOUT)",
+                              why="at least 1 s: shorter ones fail pushes a collector answers "
+                                  "(1-10 ms fail on loopback; a remote one needs TCP and TLS "
+                                  "handshakes)"),
     "headers": StringMap(secret=True,
                          doc="HTTP headers, e.g. authorization (OTEL_EXPORTER_OTLP_HEADERS)"),
 })
@@ -163,11 +228,14 @@ ACTIONS_SECTION = Section(cls=ActionsConfig, doc="monitor-driven actions", keys=
     "nonfinite": _rule(NonfiniteRule, {}, doc="act when the loss first goes NaN/Inf"),
     "control_dir": Optional(inner=Template(allowed=("job_name",), example="/shared/ctl/{job_name}"),
                             doc="the job's control directory; {job_name} is filled in"),
-    "lead_steps": Int(1, example=3, doc="steps between a decision and its application"),
+    "lead_steps": Int(1, MAX_LEAD_STEPS, example=3,
+                      doc="steps between a decision and its application",
+                      why="at most 100000: more would delay a stop past the run"),
 })
 FILE_SD = Section(cls=FileSdConfig, constraints=FILE_SD_RULES,
                   doc="write a Prometheus file_sd target file", keys={
-    "path": Optional(inner=PATH, doc="{job_name}, {rank} allowed; null writes no file"),
+    "path": Optional(inner=Template(example="/shared/targets/{job_name}.json"),
+                     doc="{job_name}, {rank} allowed; null writes no file"),
     "mode": Choice(choices=FILE_SD_MODES, doc="job: rank 0 lists every rank; rank: each its own"),
     "hosts": ListOf(item=Text(example="node-1"), comma=True, empty=True,
                     fix="list the nodes in node-rank order, e.g. hosts: [node-1, node-2]",
@@ -178,37 +246,44 @@ FILE_SD = Section(cls=FileSdConfig, constraints=FILE_SD_RULES,
 })
 RUN = Section(cls=RunConfig, doc="run identity across restarts", keys={
     "id": Optional(inner=Text(example="run-42"), doc="default: $MFOTEL_RUN_ID, else new"),
-    "state_file": Optional(inner=PATH, doc="keeps id and attempt across restarts"),
+    "state_file": Optional(inner=Template(example="./run_state_{rank}.json"),
+                           doc="keeps id and attempt across restarts"),
 })
 
 ALIASES = {"monitor_on": "enable", "interval": "step_interval"}
 MONITOR = Section(cls=MonitorConfig, aliases=ALIASES, constraints=(ONE_NONFINITE_POLICY,),
                   nullable=False, keys={
     "enable": Bool(doc="turn the monitor on (alias: monitor_on)"),
-    "step_interval": Int(1, example=50, doc="record the seed metrics every N steps (alias: interval)"),
+    "step_interval": Int(1, example=50,
+                         doc="record the seed metrics every N steps (alias: interval)"),
     "metrics": ListOf(item=Choice(choices=SEED_METRICS, noun="metric"), comma=True,
-                      fix=f"list some of {', '.join(SEED_METRICS)}, e.g. metrics: [loss, learning_rate]",
+                      fix=f"list some of {', '.join(SEED_METRICS)}, "
+                          "e.g. metrics: [loss, learning_rate]",
                       doc="seed metrics to record"),
     "output": OUTPUT,
-    "log_rank": Ranks(every=True, fix="use a rank (0), a list of ranks ([0, 8]) or -1 for "
-                                      "every rank", doc="a rank, a list of ranks, or -1 for every rank"),
+    "log_rank": Ranks(every=True,
+                      fix="use a rank (0), a list of ranks ([0, 8]) or -1 for every rank",
+                      doc="a rank, a list of ranks, or -1 for every rank"),
     "job_name": Optional(inner=JOB_NAME, doc=JOB_NAME.doc),
     "prometheus": PROMETHEUS,
     "on_nonfinite": Choice(choices=("warn", "stop"), doc="stop: request_stop after a NaN loss"),
-    "resource_attributes": StringMap(reserved=("service.name",),
-                                     reason="service.name is the job name",
-                                     doc="extra OTel resource attributes (OTEL_RESOURCE_ATTRIBUTES)"),
+    "resource_attributes": StringMap(
+        reserved=("service.name",), reason="service.name is the job name",
+        doc="extra OTel resource attributes (OTEL_RESOURCE_ATTRIBUTES)"),
     "otlp": OTLP,
-    "early_steps": Int(0, example=100, doc="record every early_step_interval steps for the first N"),
+    "early_steps": Int(0, example=100,
+                       doc="record every early_step_interval steps for the first N"),
     "alertmanager_url": Optional(inner=Url(example="http://alertmanager:9093"),
                                  doc="fast path: post a NaN-loss alert straight to Alertmanager"),
     "early_step_interval": Int(1, example=1, doc="record interval during early_steps"),
     "batch_size": Optional(inner=Int(1, example=8), doc="samples per step on this rank"),
     "seq_length": Optional(inner=Int(1, example=2048), doc="tokens per sample (tokens_total)"),
-    "flops_per_token": Optional(inner=Number(0.0, 1e18, positive=True, example=4.6e10),
-                                doc="model FLOPs per training token (mindformers: estimated)"),
-    "peak_flops": Optional(inner=Number(0.0, 1e21, positive=True, example=3.0e14),
-                           doc="peak FLOP/s of one device: enables the MFU gauge"),
+    "flops_per_token": Optional(inner=Number(1.0, 1e18, example=4.6e10),
+                                doc="model FLOPs per training token (mindformers: estimated)",
+                                why="at least 1, so that the MFU stays finite"),
+    "peak_flops": Optional(inner=Number(1.0, 1e21, example=3.0e14),
+                           doc="peak FLOP/s of one device: enables the MFU gauge",
+                           why="at least 1: a tinier peak makes the MFU overflow to infinity"),
     "native_series_limit": Int(1, 1_000_000, example=20000,
                                doc="series per mindformers-native metric"),
     "actions": ACTIONS_SECTION,
@@ -243,8 +318,8 @@ def parse_config(data: Mapping[str, Any] | None, source: str = "<kwargs>",
     if not isinstance(data, Mapping):
         raise ConfigError(source, prefix, f"{show(data)} is not a mapping",
                           "indent the monitor keys under monitor_config as key: value pairs")
-    cfg = MONITOR.check(data, source, prefix)
-    return replace(cfg, source=source, given=given_keys(data))
+    cfg: MonitorConfig = MONITOR.check(data, source, prefix)
+    return replace(cfg, source=source, prefix=prefix, given=given_keys(data))
 
 
 def override(cfg: MonitorConfig, overrides: Mapping[str, Any],
@@ -265,9 +340,11 @@ def describe(cfg: MonitorConfig) -> dict[str, Any]:
         if isinstance(obj, Mapping):
             return dict(obj)
         return obj
-    data = plain(cfg)
+    data: dict[str, Any] = plain(cfg)
     data["log_rank"] = -1 if cfg.log_rank is None else data["log_rank"]
     data["otlp"]["headers"] = redact_headers(cfg.otlp.headers)
+    data["resource_attributes"] = redact_named(cfg.resource_attributes)
+    data["file_sd"]["labels"] = redact_named(cfg.file_sd.labels)
     for section, key in (("otlp", "endpoint"), (None, "alertmanager_url")):
         holder = data[section] if section else data
         if holder[key]:
@@ -298,7 +375,8 @@ def json_schema(kind: str = "plain") -> dict[str, Any]:
             "type": {"const": "OTelMonitor"},
             "auto_register": {"type": "string", "description": "module.Class mindformers imports"},
             **block["properties"]}, "required": ["type"], "type": "object"}
-        return {"$schema": SCHEMA_DIALECT, "title": "mindformers YAML with the OTelMonitor callback",
+        return {"$schema": SCHEMA_DIALECT,
+                "title": "mindformers YAML with the OTelMonitor callback",
                 "type": "object", "properties": {
                     "callbacks": {"type": "array", "items": {
                         "if": {"type": "object", "required": ["type"],

@@ -1,30 +1,38 @@
 """OpenTelemetry environment variables: explicit config key > OTEL_* variable > default.
 
-    resolved = resolve_otel_env(cfg)          # reads os.environ
-    resolved.config                           # the effective settings
-    resolved.sources                          # {"otlp.endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT", ...}
-    resolved.warnings                         # invalid variables, ignored (as the spec says)
+    resolved = resolve_otel_env(cfg)   # reads os.environ
+    resolved.config                    # the effective settings
+    resolved.sources                   # {"otlp.endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT", ...}
+    resolved.warnings                  # invalid variables (ignored, as the spec says) and
+                                       # variables a written key overrides, one line each
 
 As the OTel SDK specification asks, a variable whose value cannot be used is warned about and
-ignored; a key written in the YAML always wins over its variable. `OTEL_SDK_DISABLED=true`
-turns off the OTel export (no /metrics endpoint, no OTLP push); the `[Monitor]` lines stay.
+ignored; a key written in the YAML always wins over its variable, and says so (a copied block
+must not switch the environment off without a word). `OTEL_METRICS_EXPORTER` selects the
+exporters (`prometheus`: the /metrics endpoint, `otlp`: the push, `none`: neither);
+`OTEL_SDK_DISABLED=true` turns off the OTel export (no /metrics endpoint, no OTLP push); the
+`[Monitor]` lines stay either way.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .errors import ConfigError, show
+from .errors import ConfigError, did_you_mean, show
 from .fields import Field
 from .keys import JOB_NAME, OTLP, OTLP_ENDPOINT, PROMETHEUS
-from .redact import redact_url
+from .redact import MASK, is_secret_name, redact_url
 from .settings import DEFAULT_JOB_NAME, MonitorConfig
 
 ENV = "environment"
 OTLP_PATH = "/v1/metrics"
-#: (variable, config key it sets, unit): the README's table is this one.
+#: The OTLP/HTTP exporter's default endpoint (OpenTelemetry's), for OTEL_METRICS_EXPORTER=otlp
+#: without an endpoint anywhere.
+DEFAULT_OTLP_ENDPOINT = "http://localhost:4318" + OTLP_PATH
+#: (variable, config key(s) it sets, comma-separated; unit): docs/otel.md's table is this one.
 VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("OTEL_SERVICE_NAME", "job_name", "text"),
     ("OTEL_RESOURCE_ATTRIBUTES", "resource_attributes", "k=v,k2=v2 (URL-encoded)"),
@@ -38,8 +46,13 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("OTEL_METRIC_EXPORT_INTERVAL", "otlp.interval_seconds", "milliseconds"),
     ("OTEL_EXPORTER_PROMETHEUS_HOST", "prometheus.host", "address"),
     ("OTEL_EXPORTER_PROMETHEUS_PORT", "prometheus.port", "port (rank serves port + local rank)"),
+    ("OTEL_METRICS_EXPORTER", "prometheus.port, otlp.endpoint",
+     "none | prometheus | otlp | a comma list"),
     ("OTEL_SDK_DISABLED", "-", "true | false"),
 )
+#: OTEL_METRICS_EXPORTER's values mfotel honours; the specification's others it warns about.
+EXPORTERS = ("none", "prometheus", "otlp")
+SPEC_ONLY_EXPORTERS = ("console", "logging", "otlp/stdout")
 PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 
 
@@ -98,6 +111,10 @@ class _Resolver:
         """The first usable variable's value for `key` (None when the key is given, or none is
         set); unusable variables are warned about and skipped."""
         if key in self.cfg.given:
+            for variable in variables:
+                text = self.env.get(variable, "").strip()
+                if text:
+                    self.overridden(variable, text, key)
             return None
         for variable in variables:
             text = self.env.get(variable, "").strip()
@@ -116,6 +133,56 @@ class _Resolver:
             return value
         return None
 
+    def overridden(self, variable: str, text: str, key: str) -> None:
+        """One line: `variable` is set, but the key written in the config wins over it."""
+        setting = _setting(self.cfg, key)
+        self.warnings.append(
+            f"{variable}={_variable_shown(variable, text)} is set but {self.cfg.prefix}.{key}: "
+            f"{_written(setting, key)} ({self.cfg.source}) wins{_effect(key, setting)}. Fix: "
+            f"remove {key} from {self.cfg.prefix} to let the variable through, or unset "
+            f"{variable}")
+
+
+def _setting(cfg: MonitorConfig, key: str) -> Any:
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _written(value: Any, key: str) -> str:
+    """A setting as YAML would show it, secrets masked."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, Mapping):
+        secret = key == "otlp.headers"
+        return "{" + ", ".join(f"{k}: {MASK if secret or is_secret_name(k) else v}"
+                               for k, v in value.items()) + "}"
+    text = redact_url(value) if isinstance(value, str) and "://" in value else str(value)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _variable_shown(variable: str, text: str) -> str:
+    """A variable's value as it may be printed: header values and URL passwords masked."""
+    if variable.endswith("_HEADERS") or variable == "OTEL_RESOURCE_ATTRIBUTES":
+        pairs, _ = parse_key_values(text, variable)
+        return ",".join(f"{k}={MASK if variable.endswith('_HEADERS') or is_secret_name(k) else v}"
+                        for k, v in pairs.items())
+    return _written(text, variable)
+
+
+def _effect(key: str, value: Any) -> str:
+    """What the winning key does, for the keys that switch an export on or off."""
+    if key == "otlp.endpoint":
+        return ": the push is off" if value is None else \
+            f": the push goes to {redact_url(metrics_url(value))}"
+    if key == "prometheus.port":
+        return ": the /metrics endpoint is off" if not value else \
+            f": the ranks serve port {value} + local rank"
+    return ""
+
 
 def _milliseconds(text: str) -> float:
     return float(text) / 1000.0
@@ -131,34 +198,125 @@ def resolve_otel_env(cfg: MonitorConfig, env: Mapping[str, str] | None = None,
     r.warnings += bad
     env_service = attributes.pop("service.name", None)
     job_name = r.value("job_name", ("OTEL_SERVICE_NAME",), JOB_NAME)
-    if job_name is None and env_service and "job_name" not in cfg.given:
+    if env_service and "job_name" in cfg.given:
+        r.overridden("OTEL_RESOURCE_ATTRIBUTES", f"service.name={env_service}", "job_name")
+    elif job_name is None and env_service:
         job_name = r.value("job_name", ("OTEL_RESOURCE_ATTRIBUTES",), JOB_NAME,
                            lambda _: env_service)
     changes: dict[str, Any] = {"job_name": job_name or cfg.job_name or default_job_name}
     if attributes:
         changes["resource_attributes"] = {**attributes, **cfg.resource_attributes}
         r.sources["resource_attributes"] = "OTEL_RESOURCE_ATTRIBUTES"
+        for name in (k for k in attributes if k in cfg.resource_attributes):
+            secret = is_secret_name(name)
+            env_value = MASK if secret else attributes[name]
+            written = MASK if secret else _written(cfg.resource_attributes[name], name)
+            r.warnings.append(
+                f"OTEL_RESOURCE_ATTRIBUTES sets {name}={env_value} but {cfg.prefix}."
+                f"resource_attributes.{name}: {written} ({cfg.source}) wins. Fix: remove "
+                f"{name} from resource_attributes to let the variable through")
 
-    prom = {k: v for k, v in (
-        ("host", r.value("prometheus.host", ("OTEL_EXPORTER_PROMETHEUS_HOST",), PROMETHEUS.keys["host"])),
-        ("port", r.value("prometheus.port", ("OTEL_EXPORTER_PROMETHEUS_PORT",), PROMETHEUS.keys["port"],
-                         _port))) if v is not None}
+    host = r.value("prometheus.host", ("OTEL_EXPORTER_PROMETHEUS_HOST",),
+                   PROMETHEUS.keys["host"])
+    port = r.value("prometheus.port", ("OTEL_EXPORTER_PROMETHEUS_PORT",),
+                   PROMETHEUS.keys["port"], _port)
+    prom = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
     otlp = _otlp(r)
     if prom:
         changes["prometheus"] = replace(cfg.prometheus, **prom)
     if otlp:
         changes["otlp"] = replace(cfg.otlp, **otlp)
     effective = replace(cfg, **changes)
+    disabled = _sdk_disabled(env, r.warnings)
+    if not disabled:
+        effective = _select_exporters(r, effective)
     if effective.otlp.endpoint:
         effective = replace(effective, otlp=replace(effective.otlp,
                                                     endpoint=metrics_url(effective.otlp.endpoint)))
         r.warnings += _protocol_warnings(env)
-    disabled = _sdk_disabled(env, r.warnings)
     if disabled:
         effective = replace(effective, prometheus=replace(effective.prometheus, port=0),
                             otlp=replace(effective.otlp, endpoint=None))
         r.sources["prometheus.port"] = r.sources["otlp.endpoint"] = "OTEL_SDK_DISABLED"
     return Resolved(effective, r.sources, r.warnings, disabled)
+
+
+def exporters_selected(env: Mapping[str, str], warnings: list[str]) -> frozenset[str] | None:
+    """OTEL_METRICS_EXPORTER's usable values (an empty set for `none`), or None when it is
+    unset or nothing in it is usable; the rest is warned about and ignored (the spec's enum
+    rule). `none` with other exporters is ignored: it means no exporter at all."""
+    variable = "OTEL_METRICS_EXPORTER"
+    names = list(dict.fromkeys(part.strip().lower()
+                               for part in env.get(variable, "").split(",") if part.strip()))
+    usable = [name for name in names if name in EXPORTERS]
+    for name in names:
+        if name in SPEC_ONLY_EXPORTERS:
+            warnings.append(f"{ENV}: {variable}: {show(name)} is an OpenTelemetry exporter "
+                            f"mfotel does not offer (its console output is the [Monitor] "
+                            f"lines); ignored. Fix: use prometheus, otlp or none")
+        elif name not in EXPORTERS:
+            warnings.append(f"{ENV}: {variable}: unknown exporter {show(name)}"
+                            f"{did_you_mean(name, EXPORTERS)}; ignored, as OpenTelemetry "
+                            f"specifies for unknown values. Fix: use prometheus, otlp, "
+                            f"prometheus,otlp or none")
+    if "none" in usable and len(usable) > 1:
+        warnings.append(f"{ENV}: {variable}: 'none' together with other exporters; 'none' is "
+                        f"ignored. Fix: write none alone, or only the exporters you want")
+        usable.remove("none")
+    if not usable:
+        return None
+    return frozenset(usable) - {"none"}
+
+
+def _select_exporters(r: _Resolver, effective: MonitorConfig) -> MonitorConfig:
+    """`effective` with OTEL_METRICS_EXPORTER applied under the keys written in the config:
+    `prometheus` keeps the /metrics endpoint, `otlp` the push (to the OTLP default endpoint
+    when none is set anywhere), an exporter not listed is off."""
+    variable = "OTEL_METRICS_EXPORTER"
+    selected = exporters_selected(r.env, r.warnings)
+    if selected is None:
+        return effective
+    shown = ",".join(sorted(selected)) or "none"
+    given = r.cfg.given
+    prom, otlp = effective.prometheus, effective.otlp
+    serves = bool(prom.port)
+    if serves != ("prometheus" in selected):
+        if "prometheus.port" in given:
+            r.overridden(variable, shown, "prometheus.port")
+        else:
+            if not serves:  # the endpoint is off by the environment (port 0): nothing to use
+                r.warnings.append(f"{ENV}: {variable}={shown} selects prometheus but "
+                                  f"{r.sources.get('prometheus.port')}=0 turns the endpoint "
+                                  f"off. Fix: unset one of them")
+            else:
+                prom = replace(prom, port=0)
+                r.sources["prometheus.port"] = variable
+                _unused(r, ("OTEL_EXPORTER_PROMETHEUS_PORT", "OTEL_EXPORTER_PROMETHEUS_HOST"),
+                        shown, "prometheus")
+    pushes = bool(otlp.endpoint)
+    if pushes != ("otlp" in selected):
+        if "otlp.endpoint" in given:
+            r.overridden(variable, shown, "otlp.endpoint")
+        elif pushes:
+            otlp = replace(otlp, endpoint=None)
+            _unused(r, ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+                    shown, "otlp")
+            r.sources["otlp.endpoint"] = variable
+        else:
+            otlp = replace(otlp, endpoint=DEFAULT_OTLP_ENDPOINT)
+            r.sources["otlp.endpoint"] = variable
+    return replace(effective, prometheus=prom, otlp=otlp)
+
+
+def _unused(r: _Resolver, variables: tuple[str, ...], shown: str, exporter: str) -> None:
+    """Variables of an exporter OTEL_METRICS_EXPORTER leaves out: said, then ignored."""
+    for name in variables:
+        text = r.env.get(name, "").strip()
+        if text:
+            r.warnings.append(f"{ENV}: {name}={_variable_shown(name, text)} is set but "
+                              f"OTEL_METRICS_EXPORTER={shown} does not select {exporter}; "
+                              f"ignored. Fix: add {exporter} to OTEL_METRICS_EXPORTER or "
+                              f"unset {name}")
 
 
 def _port(text: str) -> int:
@@ -191,11 +349,11 @@ def _generic_url(text: str) -> str:
 
 
 def _headers(r: _Resolver) -> dict[str, str] | None:
-    if "otlp.headers" in r.cfg.given:
-        return None
     for variable in ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"):
         text = r.env.get(variable, "").strip()
-        if text:
+        if text and "otlp.headers" in r.cfg.given:
+            r.overridden(variable, text, "otlp.headers")
+        elif text:
             headers, bad = parse_key_values(text, variable)
             r.warnings += bad
             r.sources["otlp.headers"] = variable

@@ -1,18 +1,21 @@
-"""Secrets never printed: header values, URL passwords and token-like query values become ***.
+"""Secrets never printed: header values, URL passwords and token-like values become ***.
 
-    redact_url("http://u:pw@collector:4318/v1/metrics?token=t")  # http://u:***@collector:4318/v1/metrics?token=***
-    redact_headers({"authorization": "Bearer x"})               # {"authorization": "***"}
-    redact_text(str(exc))                                       # URL passwords inside any text
+    redact_url("http://u:pw@collector:4318/v1/metrics?token=t")
+    # http://u:***@collector:4318/v1/metrics?token=***
+    redact_headers({"authorization": "Bearer x"})     # {"authorization": "***"}
+    redact_named({"db.password": "pw", "team": "a"})  # {"db.password": "***", "team": "a"}
+    redact_text(str(exc))                             # URL passwords inside any text
 """
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 MASK = "***"
-#: Query parameters that carry credentials (api_key=, token=, ...).
-_SECRET_QUERY = re.compile(r"(?i)(token|key|secret|passw|auth|sig|credential)")
+#: Names of query parameters, labels and attributes that carry credentials (api_key=,
+#: token=, db.password, ...): their values are never shown.
+_SECRET_NAME = re.compile(r"(?i)(token|key|secret|passw|pwd|auth|sig|credential|cookie|session)")
 _USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^/\s@]*@")
 
 
@@ -30,7 +33,7 @@ def redact_url(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, MASK if _SECRET_QUERY.search(k) else v) for k, v in pairs],
+        query = urlencode([(k, MASK if is_secret_name(k) else v) for k, v in pairs],
                           safe="*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
@@ -38,6 +41,16 @@ def redact_url(url: str) -> str:
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """Header names kept, every value masked (vendors put API keys in headers of any name)."""
     return {name: MASK for name in headers}
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a key, label or attribute named `name` holds a credential, by its name."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_named(values: Mapping[str, str]) -> dict[str, str]:
+    """`values` with the values of credential-like names (password, token, ...) masked."""
+    return {name: MASK if is_secret_name(name) else value for name, value in values.items()}
 
 
 def redact_text(text: str) -> str:

@@ -1,9 +1,9 @@
 """The validated settings of `monitor_config`: frozen dataclasses, defaults as documented."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
 
 SECTION = "monitor_config"
 DEFAULT_JOB_NAME = "mindformers"
@@ -44,6 +44,9 @@ class OutputConfig:
 class PrometheusConfig:
     host: str = "0.0.0.0"  # every rank must be reachable by a cluster Prometheus
     port: int = 9464       # this rank serves port + local rank; 0 turns the endpoint off
+    # mfotel-instrument's node endpoint (the ranks' processes as the node sees them);
+    # None: port - 1 (9463), 0: off (mfotel.integrations.node_agent)
+    node_port: int | None = None
     # after training ends, keep /metrics up until the final values (status 2/3) have been
     # scraped once, at most this long: else a finished rank looks like a dead one
     linger_seconds: float = 30.0
@@ -63,7 +66,8 @@ class PrometheusConfig:
 
 @dataclass(frozen=True)
 class OtlpConfig:
-    endpoint: str | None = None  # the URL pushed to (`/v1/metrics` added to a base URL); None = no push
+    # the URL pushed to (`/v1/metrics` added to a base URL); None = no push
+    endpoint: str | None = None
     interval_seconds: float = 10.0
     timeout_seconds: float = 5.0
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -71,7 +75,8 @@ class OtlpConfig:
 
 @dataclass(frozen=True)
 class FileSdConfig:
-    """`file_sd`: a Prometheus file_sd target file for the job's ranks (mfotel.cluster.discovery)."""
+    """`file_sd`: a Prometheus file_sd target file for the job's ranks
+    (mfotel.cluster.discovery)."""
     path: str | None = None          # {job_name}, {rank} allowed; None = write no file
     mode: str = "job"                # job: rank 0 lists every rank | rank: each rank lists itself
     hosts: tuple[str, ...] = ()      # node addresses in node-rank order (default: this host)
@@ -150,6 +155,7 @@ class MonitorConfig:
     metric_ranks: tuple[int, ...] | None = None  # at cardinality health; None = log_rank's
     run: RunConfig = field(default_factory=RunConfig)
     source: str = "<kwargs>"       # where this config came from, for messages
+    prefix: str = field(default=SECTION, compare=False)  # its key path: callbacks[3], ...
     #: key paths written in the document ("job_name", "otlp.endpoint", ...): an explicit key
     #: wins over its OTEL_* environment variable, a default does not
     given: frozenset[str] = field(default=frozenset(), compare=False)
@@ -171,6 +177,6 @@ class MonitorConfig:
             return step % self.early_step_interval == 0
         return step % self.step_interval == 0
 
-    def with_job_name(self, job_name: str) -> "MonitorConfig":
+    def with_job_name(self, job_name: str) -> MonitorConfig:
         """The config with a default job name (an explicit `job_name` key stays explicit)."""
         return replace(self, job_name=job_name)

@@ -2,17 +2,19 @@
 
     cfg = load_config("train.yaml")   # `monitor_config` block, or a mindformers OTelMonitor entry
 
-A YAML file is untrusted input: its size, nesting and alias expansion are bounded (a
-"billion laughs" document is refused in milliseconds), and whatever goes wrong becomes a
-ConfigError naming the file, never a traceback.
+A YAML file is untrusted input: its size, nesting and alias expansion are bounded while it is
+parsed, before PyYAML builds anything (a "billion laughs" document, a 1 MiB list of zeros or
+100k keys is refused within MAX_NODES parser events: a few hundredths of a second and a few
+MB), and whatever goes wrong becomes a ConfigError naming the file, never a traceback.
 """
 from __future__ import annotations
 
 import os
 import re
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -20,10 +22,14 @@ from .errors import ConfigError, Problems, did_you_mean, show
 from .keys import JOB_NAME_PATTERN, KNOWN_KEYS, parse_config
 from .settings import NATIVE_MONITOR_KEYS, SECTION, MonitorConfig
 
-#: Training YAMLs are a few KB (mindformers' largest are ~20 KB): 4 MiB is generous.
-MAX_BYTES = 4 * 1024 * 1024
-#: Nodes after alias expansion, and nesting depth (mindformers YAMLs nest 6 deep).
-MAX_NODES = 200_000
+#: Training YAMLs are a few KB (mindformers' shipped configs at most ~20 KB and ~1000 values,
+#: hand-grown ones a few hundred KB): 1 MiB and 25,000 values are generous. Within them,
+#: loading any document, refused or not, costs under 0.5 s of CPU and 64 MB (measured by
+#: tests/unit/test_config_fuzz.py: ~0.2 s and ~15 MB for the largest accepted ones).
+MAX_BYTES = 1024 * 1024
+#: Values after alias expansion (what a reader of the document walks), and nesting depth
+#: (mindformers YAMLs nest 6 deep). Measured before anything is built (`_measure`).
+MAX_NODES = 25_000
 MAX_DEPTH = 64
 CALLBACK_TYPE = "OTelMonitor"
 #: Top-level keys only a mindformers (Trainer) YAML has.
@@ -32,60 +38,84 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10x faster, 
 
 
 # ---------------------------------------------------------------- bounded YAML
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return node.value
-    if isinstance(node, yaml.MappingNode):
-        return [n for pair in node.value for n in pair]
-    return []
+def _line(event: yaml.Event) -> str:
+    return f"line {event.start_mark.line + 1}" if event.start_mark else "-"
 
 
-def _check_expansion(root: yaml.Node, source: str) -> None:
-    """Refuse documents whose aliases expand past MAX_NODES or MAX_DEPTH, or recurse.
+def _too_big(source: str, event: yaml.Event, what: str) -> ConfigError:
+    return ConfigError(source, _line(event), f"the document expands to {what} (aliases "
+                       "included)", "write the values out; a training YAML is a few KB")
 
-    Iterative, memoised by node: shared (aliased) nodes are measured once, so measuring a
-    billion-laughs document costs as little as reading it.
+
+_STARTS = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_ENDS = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _measure(text: str, source: str) -> None:
+    """Refuse `text` if its aliases expand past MAX_NODES values or MAX_DEPTH levels, or recurse.
+
+    Runs on the parser's events, one at a time, before any node is built: the cost of a
+    refused document is at most MAX_NODES events, whatever its size. An anchor's expanded
+    size and depth are remembered, so an alias costs one event however much it expands to.
+    Values are counted in document order, so a collection's expanded size is the count at
+    its end minus the count at its start.
     """
-    size: dict[int, int] = {}
-    depth: dict[int, int] = {}
-    open_nodes: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, finished = stack.pop()
-        key = id(node)
-        if finished:
-            kids = _children(node)
-            size[key] = min(1 + sum(size[id(k)] for k in kids), MAX_NODES + 1)
-            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
-            open_nodes.discard(key)
-            if size[key] > MAX_NODES or depth[key] > MAX_DEPTH:
-                where = f"line {node.start_mark.line + 1}"
-                what = (f"more than {MAX_NODES} values" if size[key] > MAX_NODES
-                        else f"nesting deeper than {MAX_DEPTH} levels")
-                raise ConfigError(source, where, f"the document expands to {what} (aliases "
-                                  "included)", "write the values out; a training YAML is a few KB")
-            continue
-        if key in size:
-            continue
-        if key in open_nodes:
-            raise ConfigError(source, f"line {node.start_mark.line + 1}", "an alias refers to a "
-                              "value that contains it (a recursive document)",
-                              "remove the recursive alias")
-        open_nodes.add(key)
-        stack.append((node, True))
-        stack.extend((k, False) for k in _children(node) if id(k) not in size)
+    parser = _LOADER(text)
+    anchors: dict[str, tuple[int, int] | None] = {}  # None: still open (an alias = recursion)
+    frames: list[list[Any]] = []  # open collections: [anchor, count before it, deepest level]
+    total = level = 0
+    try:
+        for event in iter(parser.get_event, None):
+            kind = type(event)
+            if kind is yaml.ScalarEvent:
+                total += 1
+                if event.anchor:
+                    anchors[event.anchor] = (1, 1)
+                deepest = level + 1
+            elif kind in _STARTS:
+                level += 1
+                frames.append([event.anchor, total, level])
+                total += 1
+                if event.anchor:
+                    anchors[event.anchor] = None
+                deepest = level
+            elif kind in _ENDS:
+                anchor, before, deepest = frames.pop()
+                if total > before + 1:   # it has children: they are one level deeper
+                    deepest = max(deepest, level + 1)
+                if anchor:
+                    anchors[anchor] = (total - before, deepest - level + 1)
+                level -= 1
+                if frames:
+                    frames[-1][2] = max(frames[-1][2], deepest)
+                continue
+            elif kind is yaml.AliasEvent:
+                found = anchors.get(event.anchor, (1, 1))  # undefined: PyYAML says so later
+                if found is None:
+                    raise ConfigError(source, _line(event), "an alias refers to a value "
+                                      "that contains it (a recursive document)",
+                                      "remove the recursive alias")
+                total += found[0]
+                deepest = level + found[1]
+                if frames:
+                    frames[-1][2] = max(frames[-1][2], deepest)
+            else:   # stream and document boundaries
+                continue
+            if total > MAX_NODES:
+                raise _too_big(source, event, f"more than {MAX_NODES} values")
+            if deepest > MAX_DEPTH:
+                raise _too_big(source, event, f"nesting deeper than {MAX_DEPTH} levels")
+    finally:
+        parser.dispose()
 
 
 def parse_yaml(text: str, source: str) -> Any:
     """YAML text -> data, bounded as described above; errors are ConfigErrors naming `source`."""
     try:
+        _measure(text, source)
         loader = _LOADER(text)
         try:
-            node = loader.get_single_node()
-            if node is None:
-                return None
-            _check_expansion(node, source)
-            return loader.construct_document(node)
+            return loader.get_single_data()
         finally:
             loader.dispose()
     except ConfigError:
@@ -188,7 +218,8 @@ def missing_entry_error(document: Mapping[str, Any], source: str) -> ConfigError
 
 
 def safe_job_name(text: str) -> str | None:
-    """`text` (a file's stem) as a job name: other characters become '_'; None if nothing is left."""
+    """`text` (a file's stem) as a job name: other characters become '_'; None if nothing is
+    left."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:128].lstrip("._-")
     return name if re.match(JOB_NAME_PATTERN, name) else None
 
@@ -220,6 +251,7 @@ def config_from_document(document: Any, source: str) -> MonitorConfig:
                                  "(YAML indentation)"))
     cfg = problems.run(parse_config, document[SECTION], source)
     problems.raise_if_any()
+    assert cfg is not None  # else raise_if_any raised its errors
     return cfg
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from .build import DASHBOARDS, main, render_all, write_dashboards
 from .common import DashboardSpec, Panel, Row, Target
-from .queries import (PanelQuery, dashboard_queries, metric_names, substitute,
-                      with_rank_lines_limit)
+from .queries import PanelQuery, dashboard_queries, metric_names, substitute, with_rank_lines_limit
 
 __all__ = ["DASHBOARDS", "DashboardSpec", "Panel", "PanelQuery", "Row", "Target",
            "dashboard_queries", "main", "metric_names", "render_all", "substitute",

@@ -1,17 +1,40 @@
 """Cluster health: which ranks run, which are slow, which stalled, which diverge."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from .common import (ALERTS_ANNOTATION, FINITE_LOSS, FINITE_TEXTS, JOB, RANK, RUN_MATCHER,
-                     STATUS_TEXTS, DashboardSpec, Panel, Row, Step, Target, ValueText, over_ranks,
-                     per_rank, rank_lines, sel, worst_status)
+from ..contract import finite_samples
+from .common import (
+    ALERTS_ANNOTATION,
+    FINITE_LOSS,
+    FINITE_TEXTS,
+    IN_STEP_TEXTS,
+    JOB,
+    RANK,
+    RUN_MATCHER,
+    STATUS_TEXTS,
+    DashboardSpec,
+    Panel,
+    Row,
+    Step,
+    Target,
+    ValueText,
+    over_ranks,
+    per_rank,
+    rank_lines,
+    sel,
+    worst_status,
+)
 
 _RATE = "[$__rate_interval]"
 _MEAN = "job_name_rank:mindformers_train_step_duration_seconds:mean1m"
 _MEDIAN = "job_name:mindformers_train_step_duration_seconds:rank_median1m"
 _SPREAD = "job_name:mindformers_train_step_duration_seconds:rank_spread1m"
-_SCORE = "job_name_rank:mindformers_train_straggler_score:ratio1m"
+# who waits for whom (docs/alerting.md, "Job-level truth")
+_OUTSIDE = "job_name_rank:mindformers_train_step_outside:ratio1m"
+_WAITED_FOR = "job_name_rank:mindformers_train_waited_for:ratio1m"
+_IN_STEP = "job_name_rank:mindformers_train_in_step:bool"
+_FIRST_NONFINITE = "job_name:mindformers_train_first_nonfinite_step:min"
 _RANK_P99 = "job_name_rank:mindformers_train_step_duration_seconds:quantile1m"
 # one series per job (and status): what the panels below would otherwise aggregate over every
 # rank at each point of their range (seconds per query at 1024 ranks, docs/scaling.md)
@@ -48,7 +71,7 @@ _JOB_TARGETS = (f"max by (job, instance, job_name) "
 
 
 def _slowest_rank_device(labels: str, *matchers: str) -> str:
-    """rank_info of each job's slowest rank (lowest straggler score), `labels` kept, value 1."""
+    """rank_info of the rank each job waits for most, `labels` kept, value 1."""
     return f"max by (job_name, rank, {labels}) ({sel(_SLOWEST, *matchers, rank=False)})"
 
 
@@ -76,9 +99,10 @@ _DEVICE_UTILISATION = (
 
 
 def _deviation(metric: str) -> str:
-    """The rank's value minus the mean over all ranks of its job."""
-    return (f"{sel(metric)} - on (job_name) group_left () "
-            f"avg by (job_name) ({sel(metric, rank=False)})")
+    """The rank's value minus the mean over all ranks of its job, both of finite values (one
+    rank's NaN loss would make the mean, hence every rank's deviation, NaN)."""
+    return (f"{finite_samples(sel(metric))} - on (job_name) group_left () "
+            f"avg by (job_name) ({finite_samples(sel(metric, rank=False))})")
 
 
 ranks = Row("Ranks", (
@@ -107,28 +131,41 @@ ranks = Row("Ranks", (
 stragglers = Row("Step time and stragglers", (
     Panel("Median rank step time", "s", (
         Target(sel(_MEDIAN, rank=False), "{{job_name}} median rank"),
-    ), width=6, description="Median over ranks of the per-rank mean step time, 1m window."),
+    ), width=6, description="Median over ranks of the per-rank mean step time, 1m window. In "
+                            "synchronous training every rank leaves the step's collective "
+                            "together: a slow rank lengthens every rank's step."),
     Panel("Step-time spread", "percentunit", (
         Target(sel(_SPREAD, rank=False), "{{job_name}} slowest / fastest"),
     ), width=6, description="Mean step time of the slowest rank divided by the fastest's "
-                            "(100% = all equal), 1m window."),
-    Panel("Straggler ranking", "percentunit", (
-        Target(f"sort_desc(topk(10, {sel(_MEAN)} / on (job_name) group_left () "
-               f"{sel(_MEDIAN, rank=False)}))", RANK, instant=True),
-    ), kind="bargauge", description="Mean step time of the 10 slowest ranks relative to the "
-                                    "median rank (100% = median), 1m window."),
-    Panel("Straggler score per rank", "percentunit", rank_lines(sel(_SCORE)),
+                            "(100% = all equal), 1m window. A rank that waits for its input "
+                            "has the shortest step: the others wait for it inside theirs."),
+    Panel("Slowest rank: the one the others wait for", "percentunit", (
+        Target(f"sort_desc(topk(10, {sel(_WAITED_FOR)} > 0))", RANK, instant=True),
+    ), kind="bargauge", min=0, max=1,
+        description="The ranks the others wait for most: their time outside the training "
+                    "step (input, host work between steps) above the job's median rank's, 1m "
+                    "window. MindFormersStragglerRank names a running rank above 10% for 10m. "
+                    "A rank slow inside the step (compute, its device) is not here: it slows "
+                    "every rank's step equally (step time, throughput)."),
+    Panel("Waiting vs waited-for per rank", "percentunit", rank_lines(sel(_WAITED_FOR)),
+          min=-1, max=1,
+          description="Time outside the step above the job's median rank's, 1m window: above "
+                      "0 the others wait for this rank, below 0 it waits for them (inside its "
+                      "own step, in the collective). Recording rule."),
+    Panel("Time outside the step per rank", "percentunit", rank_lines(sel(_OUTSIDE)),
           min=0, max=1,
-          description="Mean step time of the job's fastest rank divided by this rank's, 1m "
-                      "window: 100% = the fastest rank, 50% = twice as slow (recording rule)."),
+          description="Share of wall time a rank spends between its steps (from one step's "
+                      "end to the next step's begin: waiting for input, host work), 1m "
+                      "window. Every rank high: the job is input-bound."),
     Panel("Device of the slowest rank: utilisation", "percent", _DEVICE_UTILISATION,
-          description="Utilisation of the NPU or GPU behind each job's slowest rank (lowest "
-                      "straggler score), joined through mindformers_train_rank_info: "
+          description="Utilisation of the NPU or GPU behind the rank each job waits for "
+                      "most, joined through mindformers_train_rank_info: "
                       "NPU-Exporter in Kubernetes (namespace, pod_name, id) or on bare metal "
                       "(target host, id), dcgm-exporter (Hostname, gpu).",
           needs="MindCluster NPU-Exporter or dcgm-exporter scraped by the same Prometheus"),
     Panel("Mean step time per rank", "s", rank_lines(sel(_MEAN)),
-          description="Mean wall time of one step per rank, 1m window."),
+          description="Mean wall time of one step per rank, 1m window (a waiting rank's step "
+                      "includes its wait)."),
     Panel("p99 step time per rank", "s", rank_lines(sel(_RANK_P99, 'quantile="0.99"')),
           description="From each rank's step-time histogram buckets, 1m window (recording "
                       "rule: computed from the buckets at query time, 1024 ranks took 22 s "
@@ -149,6 +186,17 @@ stalls = Row("Stalls", (
                     "Initialising (graph compilation), running, completed, failed or stopped, "
                     "cancelled (SIGTERM/SIGINT); "
                     "with more than 16 ranks selected, the worst rank's."),
+    _per_rank_state(_IN_STEP, lambda s: f"min by (job_name) ({s})", IN_STEP_TEXTS,
+                    "Inside a step per rank",
+                    "Whether each rank is inside a step (it began one after the last ended) "
+                    "or between steps. A stalled job: the ranks inside the step wait in its "
+                    "collective for the ones that are not. With more than 16 ranks selected, "
+                    "whether any rank is between steps."),
+    Panel("Inside the current step since", "s", rank_lines(
+        f"time() - {sel('mindformers_train_step_begin_timestamp_seconds')} "
+        f"and on (job_name, rank) ({sel(_IN_STEP)} == 1)"),
+        description="Seconds since each rank began the step it is in (no value between "
+                    "steps). Growing on every rank but one: the others wait for that one."),
 ))
 
 divergence = Row("Divergence across ranks", (
@@ -161,6 +209,20 @@ divergence = Row("Divergence across ranks", (
                     FINITE_TEXTS, "Loss finite per rank",
                     "Finite while the last loss was, NaN / Inf after a non-finite loss; with "
                     "more than 16 ranks selected, whether any rank's is."),
+    Panel("Where a non-finite loss started", "none", (
+        Target(f"max by (job_name, rank) ({sel('mindformers_train_first_nonfinite_step')}) "
+               f"== on (job_name) group_left () {sel(_FIRST_NONFINITE, rank=False)}",
+               instant=True, column="first non-finite step"),
+    ), kind="table", width=6,
+        description="The rank(s) whose loss went NaN/Inf first, and at which step (the other "
+                    "ranks follow a step later: the gradient all-reduce carries it). "
+                    "MindFormersLossNotFinite names them."),
+    Panel("First non-finite loss step per rank", "none", rank_lines(
+        f"max by (job_name, rank) ({sel('mindformers_train_first_nonfinite_step')})",
+        many=(("min by (job_name) ({})", "{{job_name}} first"),
+              ("count by (job_name) ({})", "{{job_name}} ranks non-finite"))),
+        width=6, description="The step at which each rank's loss first went NaN/Inf: the "
+                             "lowest is where the incident started."),
     Panel("Non-finite steps per rank", "none", rank_lines(
         f"max by (job_name, rank, metric) ({sel('mindformers_train_nonfinite_total')})",
         "{{job_name}} rank {{rank}} {{metric}}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..contract import STATUS_FAILED
+from ..contract import STATUS_FAILED, finite_samples
 
 PanelKind = Literal["timeseries", "stat", "bargauge", "table", "state-timeline"]
 #: How a time series target is drawn: a value line, red bars marking NaN/Inf steps, or the
@@ -90,14 +90,14 @@ TOTAL = (("sum by (job_name) ({})", "{{job_name}} all ranks"),)
 
 
 def rank_lines(expr: str, legend: str = RANK,
-               many: tuple[tuple[str, str], ...] = SPREAD) -> tuple["Target", ...]:
+               many: tuple[tuple[str, str], ...] = SPREAD) -> tuple[Target, ...]:
     """One line per rank while few ranks are selected; `many` (min/median/max by default)
     over the ranks otherwise. `expr` must keep the `job_name` and `rank` labels."""
     return (Target(per_rank(expr), legend),
             *(Target(over_ranks(aggregate.format(expr)), name) for aggregate, name in many))
 
 
-def nonfinite_bars(condition: str, what: str) -> tuple["Target", ...]:
+def nonfinite_bars(condition: str, what: str) -> tuple[Target, ...]:
     """Red bars over the time where `condition` (per rank) holds: which ranks while few are
     selected, how many otherwise."""
     return (Target(per_rank(f"count by (job_name, rank) ({condition})"),
@@ -108,9 +108,11 @@ def nonfinite_bars(condition: str, what: str) -> tuple["Target", ...]:
 
 # ---- when the loss and the grad norm are not finite --------------------------------------
 
-# The OpenTelemetry SDK drops NaN measurements, so mindformers_train_loss keeps its last finite
-# value after a NaN/Inf loss. These conditions say, per rank, when that value is stale: the last
-# loss was not finite, or one was within the rate window (the alert's test).
+# /metrics exposes the loss and the grad norm as they are (NaN, +Inf, -Inf), which a line
+# cannot draw and an average cannot hold; an OTLP push (the SDK drops NaN/Inf) keeps the last
+# finite value instead. These conditions say, per rank, when the value is not a finite loss
+# of now, either way: the last loss was not finite, or one was within the rate window (the
+# alert's test).
 _RATE_WINDOW = "[$__rate_interval]"
 _NONFINITE_LOSS_STEPS = sel("mindformers_train_nonfinite_total", 'metric="loss"')
 _NONFINITE_GRAD_STEPS = sel("mindformers_train_nonfinite_total", 'metric="grad_norm"')
@@ -119,8 +121,9 @@ LOSS_NONFINITE = (f"max by (job_name, rank) ({sel('mindformers_train_loss_finite
 GRAD_NORM_NONFINITE = (f"max by (job_name, rank) "
                        f"(increase({_NONFINITE_GRAD_STEPS}{_RATE_WINDOW}) > 0)")
 #: The loss and grad norm where they are finite: no line, no value where they are NaN/Inf.
-FINITE_LOSS = f"{sel('mindformers_train_loss')} unless on (job_name, rank) ({LOSS_NONFINITE})"
-FINITE_GRAD_NORM = (f"{sel('mindformers_train_grad_norm')} "
+FINITE_LOSS = (f"{finite_samples(sel('mindformers_train_loss'))} "
+               f"unless on (job_name, rank) ({LOSS_NONFINITE})")
+FINITE_GRAD_NORM = (f"{finite_samples(sel('mindformers_train_grad_norm'))} "
                     f"unless on (job_name, rank) ({GRAD_NORM_NONFINITE})")
 
 
@@ -173,6 +176,8 @@ def worst_status(selector: str) -> str:
             f"or max by (job_name) ({selector}))")
 #: mindformers_train_loss_finite values.
 FINITE_TEXTS = (ValueText(0, "NaN / Inf", "red"), ValueText(1, "finite", "green"))
+#: job_name_rank:mindformers_train_in_step:bool values.
+IN_STEP_TEXTS = (ValueText(0, "between steps", "orange"), ValueText(1, "in step", "green"))
 
 
 @dataclass(frozen=True)
@@ -210,8 +215,9 @@ class Panel:
                 fail("a column unit or value text needs a column name")
         if self.kind == "stat" and not self.thresholds:
             fail("a stat panel needs thresholds (NEUTRAL for a number without good or bad)")
-        values = [value for value, _ in self.thresholds[1:]]
-        if self.thresholds and (self.thresholds[0][0] is not None or None in values
+        steps = [value for value, _ in self.thresholds[1:]]
+        values = [value for value in steps if value is not None]
+        if self.thresholds and (self.thresholds[0][0] is not None or len(values) < len(steps)
                                 or values != sorted(set(values))):
             fail("thresholds start with (None, colour), then rise")
 

@@ -1,10 +1,30 @@
 """Training overview: is the job learning, how fast, and when will it finish."""
 from __future__ import annotations
 
-from .common import (ALERTS_ANNOTATION, FINITE_GRAD_NORM, FINITE_LOSS, FINITE_TEXTS,
-                     GRAD_NORM_NONFINITE, JOB, LOSS_NONFINITE, NEUTRAL, STATUS_TEXTS, STEP,
-                     Annotation, DashboardSpec, Panel, Row, Target, nonfinite_bars, rank_lines,
-                     sel, worst_status)
+from typing import TypedDict
+
+from .common import (
+                     ALERTS_ANNOTATION,
+                     FINITE_GRAD_NORM,
+                     FINITE_LOSS,
+                     FINITE_TEXTS,
+                     GRAD_NORM_NONFINITE,
+                     JOB,
+                     LOSS_NONFINITE,
+                     NEUTRAL,
+                     STATUS_TEXTS,
+                     STEP,
+                     Annotation,
+                     DashboardSpec,
+                     Panel,
+                     PanelKind,
+                     Row,
+                     Target,
+                     nonfinite_bars,
+                     rank_lines,
+                     sel,
+                     worst_status,
+)
 
 _RATE = "[$__rate_interval]"
 _SAMPLES_PER_S = "suffix: samples/s"
@@ -14,7 +34,14 @@ _PROGRESS_RULE = "job_name:mindformers_train_progress_ratio:min"   # the slowest
 _TOKENS_RULE = "job_name:mindformers_train_tokens:rate1m"
 _LOSS_SCALE = "a run that reports its loss scale (mindformers loss-scale training cells)"
 
-_STAT = {"kind": "stat", "height": 5}
+
+class _Shape(TypedDict):
+    """Keyword arguments shared by panels of one shape (`Panel(..., **_STAT)`)."""
+    kind: PanelKind
+    height: int
+
+
+_STAT: _Shape = {"kind": "stat", "height": 5}
 
 progress = Row("Progress", (
     Panel("Global step", "none", (Target(f"max by (job_name) ({sel('mindformers_train_step')})",
@@ -56,7 +83,8 @@ optimisation = Row("Loss and optimisation", (
           log_scale=True,
           description="Loss per rank (min, median and max over ranks when more than 16 are "
                       "selected); red bars where it was NaN/Inf, and there the line stops "
-                      "instead of repeating the last finite value. Hover for the step."),
+                      "(NaN cannot be drawn; an OTLP push would repeat the last finite value). "
+                      "Hover for the step."),
     Panel("Learning rate", "sci",
           (Target(f"max by (job_name) ({sel('mindformers_train_learning_rate')})", JOB), STEP),
           description="Learning rate used by the last recorded step. Hover for the step."),
@@ -119,7 +147,7 @@ long_run = Row("Checkpoints, evaluation and efficiency", (
         description="Training-thread time of the last save per rank (with async_save, its "
                     "blocking part); the slowest rank."),
     Panel("Training and evaluation loss", "none", (
-        Target(f"avg by (job_name) ({sel('mindformers_train_loss')})", "{{job_name}} train"),
+        Target(f"avg by (job_name) ({FINITE_LOSS})", "{{job_name}} train"),
         Target(f"avg by (job_name) ({sel('mindformers_train_eval_loss')})", "{{job_name}} eval"),
     ), width=12, needs="evaluation during training (mindformers do_eval, Model.fit valid_dataset)",
         description="Mean over ranks of the last recorded training loss and of the last "

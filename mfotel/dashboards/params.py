@@ -6,7 +6,16 @@ Every panel but the global gradient norm needs mindformers' native monitoring
 """
 from __future__ import annotations
 
-from .common import ALERTS_ANNOTATION, DashboardSpec, Panel, Row, Target, rank_lines, sel
+from .common import (
+    ALERTS_ANNOTATION,
+    FINITE_GRAD_NORM,
+    DashboardSpec,
+    Panel,
+    Row,
+    Target,
+    rank_lines,
+    sel,
+)
 
 TOP_K = 10
 
@@ -16,8 +25,9 @@ def _native(fmt: str) -> str:
 
 
 norms = Row("Norms", (
-    Panel("Global gradient norm", "none", rank_lines(sel("mindformers_train_grad_norm")),
-          description="Recorded by mfotel itself, for comparison with the native norms."),
+    Panel("Global gradient norm", "none", rank_lines(FINITE_GRAD_NORM),
+          description="Recorded by mfotel itself, for comparison with the native norms; the "
+                      "line stops where it was NaN/Inf."),
     Panel("Weight norm", "none", rank_lines(sel("mindformers_train_weight_norm")),
           description="L2 norm of all weights.", needs=_native("weight_state_format")),
     Panel(f"Optimizer state norms (top {TOP_K})", "none", (

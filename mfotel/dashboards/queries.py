@@ -8,8 +8,9 @@ checks that run them against a real Prometheus).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from .common import rank_count_gate
 

@@ -12,8 +12,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .common import (JOB_MATCHER, RUN_SOURCE, VARIABLE_SOURCE, TAG, Annotation, DashboardSpec,
-                     Panel, Target, ValueText, in_run)
+from .common import (
+    JOB_MATCHER,
+    RUN_SOURCE,
+    TAG,
+    VARIABLE_SOURCE,
+    Annotation,
+    DashboardSpec,
+    Panel,
+    Target,
+    ValueText,
+    in_run,
+)
 
 #: Grafana's variable syntax as it appears in the JSON.
 DATASOURCE_UID = "${datasource}"
@@ -35,7 +45,7 @@ _ROLE_OVERRIDES: dict[str, dict[str, Any]] = {
 
 def _sdk() -> Any:
     try:
-        import grafana_foundation_sdk  # noqa: F401
+        import grafana_foundation_sdk
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
             "building dashboards needs grafana-foundation-sdk (Python >= 3.11): "
@@ -51,8 +61,11 @@ def _datasource() -> Any:
 
 def _variables() -> list[Any]:
     from grafana_foundation_sdk.builders.dashboard import DatasourceVariable, QueryVariable
-    from grafana_foundation_sdk.models.dashboard import (VariableOption, VariableRefresh,
-                                                         VariableSort)
+    from grafana_foundation_sdk.models.dashboard import (
+        VariableOption,
+        VariableRefresh,
+        VariableSort,
+    )
     everything = VariableOption(selected=True, text=["All"], value=["$__all"])
 
     def listing(name: str, label: str, query: str, sort: VariableSort) -> Any:
@@ -103,8 +116,8 @@ def _ref(index: int) -> str:
 
 def _builder(panel: Panel) -> Any:
     """The SDK builder of the panel's kind, with its kind-specific options."""
-    from grafana_foundation_sdk.builders import bargauge, common as common_b, stat, table
-    from grafana_foundation_sdk.builders import statetimeline, timeseries
+    from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table, timeseries
+    from grafana_foundation_sdk.builders import common as common_b
     from grafana_foundation_sdk.models import common as common_m
 
     legend = (common_b.VizLegendOptions().display_mode(common_m.LegendDisplayMode.TABLE)
@@ -223,8 +236,11 @@ def to_dict(spec: DashboardSpec) -> dict[str, Any]:
     from grafana_foundation_sdk.builders.dashboard import Dashboard, DashboardLink
     from grafana_foundation_sdk.builders.dashboard import Row as SdkRow
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
-    from grafana_foundation_sdk.models.dashboard import (DashboardCursorSync, DashboardLinkType,
-                                                         GridPos)
+    from grafana_foundation_sdk.models.dashboard import (
+        DashboardCursorSync,
+        DashboardLinkType,
+        GridPos,
+    )
 
     builder = (Dashboard(spec.title).uid(spec.uid).description(spec.description)
                .tags(sorted({TAG, *spec.tags})).editable().timezone("browser")
@@ -241,11 +257,11 @@ def to_dict(spec: DashboardSpec) -> dict[str, Any]:
         extras.append(extra)
 
     next_id = 1
-    for row, (row_y, positions) in zip(spec.rows, layout(spec)):
+    for row, (row_y, positions) in zip(spec.rows, layout(spec), strict=True):
         builder = builder.with_row(SdkRow(row.title).id(next_id)
                                    .grid_pos(GridPos(h=1, w=24, x=0, y=row_y)))
         next_id += 1
-        for panel, (x, y) in zip(row.panels, positions):
+        for panel, (x, y) in zip(row.panels, positions, strict=True):
             builder = builder.with_panel(
                 _panel(panel, next_id).grid_pos(GridPos(h=panel.height, w=panel.width, x=x, y=y)))
             next_id += 1
@@ -253,7 +269,7 @@ def to_dict(spec: DashboardSpec) -> dict[str, Any]:
     encoded = json.loads(JSONEncoder(sort_keys=True).encode(builder.build()))
     # `id` is per Grafana instance: null lets provisioning/import assign one.
     encoded["id"] = None
-    for entry, extra in zip(encoded.get("annotations", {}).get("list", []), extras):
+    for entry, extra in zip(encoded.get("annotations", {}).get("list", []), extras, strict=True):
         entry.update(extra)
     check(encoded)
     return encoded

@@ -1,1 +1,2 @@
-"""The demo: a tiny real MindSpore training, and a local Prometheus + Alertmanager stack."""
+"""The demo: a tiny real MindSpore training, alone or paging through the local Prometheus +
+Alertmanager stack (mfotel.localstack)."""

@@ -75,6 +75,7 @@ def build_model(steps: int, batch_size: int, lr_schedule: str, features: int = 1
     import mindspore as ms
     from mindspore import nn
     from mindspore.train import MAE, Model
+
     from ..cells import TrainOneStepWithGradNorm
     ms.set_seed(0)
     net = nn.SequentialCell([nn.Dense(features, 32), nn.ReLU(), nn.Dense(32, 1)])
@@ -105,6 +106,7 @@ def run_demo(steps: int = 200, step_interval: int = 1, port: int = 9464,
     """
     import mindspore as ms
     import mindspore.dataset as ds
+
     from ..callback import OTelMonitor
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")

@@ -14,8 +14,11 @@ mindformers, the hook imports `mfotel.integrations.mindformers` right after, whi
 mfotel-instrument then stays the parent of the command (`mfotel.integrations.supervise`): a
 cancel (SIGTERM, SIGINT, SIGHUP) reaches every process of the job, msrun's workers included,
 so each rank reports "cancelled" instead of paging as dead; it exits as the command did.
-`--exec` replaces this process by the command instead, as earlier versions did: signals are
-then the command's business.
+As the job's node agent (`mfotel.integrations.node_service`) it serves one node endpoint
+(`prometheus.node_port`, default 9463) with what no rank can say about itself: each rank's
+process state, how it ended (exit code, signal, OOM kill), whether its /metrics still
+answers, its CPU and memory. `--exec` replaces this process by the command instead, as
+earlier versions did: signals are then the command's business, and there is no node agent.
 
 The directory is written once per user (MFOTEL_INSTRUMENT_DIR overrides where).
 """
@@ -25,13 +28,24 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn
 
+from mfotel.closed_pipe import quiet_on_closed_pipe
 from mfotel.integrations import supervise
+from mfotel.integrations.node_agent import DEFAULT_PROBE_INTERVAL, DEFAULT_PROBE_TIMEOUT
+from mfotel.integrations.node_service import (
+    NODE_LINGER_SECONDS,
+    NodeService,
+    training_config_or_exit,
+    with_node_port,
+)
 
-USAGE = f"""usage: mfotel-instrument [--stop-timeout SECONDS | --exec] [--] COMMAND [ARGS...]
+USAGE = f"""usage: mfotel-instrument [--stop-timeout SECONDS] [--config YAML] [--node-port PORT]
+                         [--node-linger SECONDS] [--node-probe-interval SECONDS] [--exec]
+                         [--] COMMAND [ARGS...]
 
 Runs COMMAND with mfotel registered in every mindformers process it starts, so that a
 mindformers YAML can list `{{type: OTelMonitor, ...}}` under `callbacks:` without code changes.
@@ -41,11 +55,29 @@ included, so that each rank reports "cancelled" and lingers for its final scrape
 still running --stop-timeout seconds later are killed. The exit status is COMMAND's (killed
 by the signal after a cancel).
 
+Once a rank starts, the node endpoint serves each rank's process state, exit cause (exit
+code, signal, OOM kill), liveness of its /metrics, CPU and memory, with the ranks' bind
+address, web-config (TLS, basic auth) and limits. Once scraped, it stays up --node-linger
+seconds after the job ended, so that every Prometheus sees how each rank ended; a second
+SIGTERM / SIGINT ends it at once.
+
 options:
   --stop-timeout SECONDS  after a cancel, SIGKILL what still runs this much later (default
                           {supervise.DEFAULT_STOP_TIMEOUT:g}); keep it above the monitor's
                           prometheus.linger_seconds
-  --exec                  replace this process by COMMAND, passing no signal on (as before)
+  --config YAML           the ranks' training YAML (monitor_config block or mindformers
+                          OTelMonitor entry); default: COMMAND's --config YAML when it holds
+                          mfotel settings
+  --node-port PORT        node endpoint port (default: prometheus.node_port, else
+                          prometheus.port - 1 = 9463); 0 turns the node endpoint off
+  --node-linger SECONDS   serve the ranks' final facts this long after the job ended, once
+                          scraped (default {NODE_LINGER_SECONDS:g}: a scrape, an evaluation and
+                          Alertmanager's group_wait)
+  --node-probe-interval SECONDS
+                          how often each rank's /metrics is probed for liveness (default
+                          {DEFAULT_PROBE_INTERVAL:g}; {DEFAULT_PROBE_TIMEOUT:g} s time-out)
+  --exec                  replace this process by COMMAND, passing no signal on (as before;
+                          no node endpoint)
 
 examples:
   mfotel-instrument python run_mindformer.py --config finetune.yaml
@@ -69,7 +101,8 @@ import sys as _sys
 
 
 class _MfotelPostImportHook(_abc.MetaPathFinder):
-    """Imports mfotel.integrations.mindformers right after mindformers finished importing (one shot)."""
+    """Imports mfotel.integrations.mindformers right after mindformers finished importing (one
+    shot)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "mindformers":
@@ -83,7 +116,8 @@ class _MfotelPostImportHook(_abc.MetaPathFinder):
         def exec_then_register(module):
             exec_module(module)
             try:
-                import mfotel.integrations.mindformers  # noqa: F401  registers OTelMonitor, CPUTrainOneStepCell
+                # registers OTelMonitor and CPUTrainOneStepCell
+                import mfotel.integrations.mindformers  # noqa: F401
             except Exception as exc:  # never break the user's import
                 _sys.stderr.write("mfotel-instrument: registering mfotel in mindformers failed "
                                   f"({type(exc).__name__}: {exc})\\n")
@@ -107,7 +141,7 @@ def _mfotel_chain_sitecustomize():
 
 
 if "mindformers" in _sys.modules:
-    import mfotel.integrations.mindformers  # noqa: F401
+    import mfotel.integrations.mindformers  # noqa: F401 - registers mfotel in mindformers
 elif not any(type(f).__name__ == "_MfotelPostImportHook" for f in _sys.meta_path):
     _sys.meta_path.insert(0, _MfotelPostImportHook())
 _mfotel_chain_sitecustomize()
@@ -116,7 +150,8 @@ _mfotel_chain_sitecustomize()
 
 def bootstrap_dir() -> Path:
     """The directory holding mfotel's sitecustomize.py (created if needed)."""
-    candidates = [os.environ.get(ENV_DIR)] if os.environ.get(ENV_DIR) else []
+    configured = os.environ.get(ENV_DIR)
+    candidates = [configured] if configured else []
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     candidates += [os.path.join(cache, "mfotel", "instrument"),
                    os.path.join(tempfile.gettempdir(), f"mfotel-{os.getuid()}", "instrument")]
@@ -156,12 +191,19 @@ class Options:
     command: list[str]
     stop_timeout: float = supervise.DEFAULT_STOP_TIMEOUT
     exec_: bool = False
+    config: str | None = None
+    node_port: int | None = None
+    node_linger: float | None = None
+    node_probe_interval: float = DEFAULT_PROBE_INTERVAL
+
+
+_VALUED = ("--stop-timeout", "--config", "--node-port", "--node-linger", "--node-probe-interval")
 
 
 def parse_args(args: Sequence[str]) -> Options:
     """Options go before the command; SystemExit(2) with the fix for a bad one."""
     args = list(args)
-    stop_timeout, exec_ = supervise.DEFAULT_STOP_TIMEOUT, False
+    values: dict[str, Any] = {}
     while args and args[0].startswith("-"):
         option = args.pop(0)
         if option == "--":
@@ -169,29 +211,48 @@ def parse_args(args: Sequence[str]) -> Options:
         if option in ("-h", "--help"):
             print(USAGE, end="")
             raise SystemExit(0)
+        name = option.split("=", 1)[0]
         if option == "--exec":
-            exec_ = True
-        elif option.split("=", 1)[0] == "--stop-timeout":
+            values["exec_"] = True
+        elif name in _VALUED:
             value = option.split("=", 1)[1] if "=" in option else (args.pop(0) if args else "")
-            stop_timeout = _seconds(value)
+            values[name[2:].replace("-", "_")] = _value(name, value)
         else:
             _usage_error(f"unknown option {option} (options go before the command: "
-                         "--stop-timeout SECONDS, --exec)")
+                         f"{', '.join(_VALUED)}, --exec)")
     if not args:
         print(USAGE, end="")
         raise SystemExit(2)
-    return Options(args, stop_timeout, exec_)
+    return Options(args, **values)
 
 
-def _seconds(value: str) -> float:
+def _value(option: str, value: str) -> Any:
+    if option == "--node-port":
+        return _port(value)
+    if option == "--config":
+        if not value:
+            _usage_error("--config needs the path of the ranks' training YAML")
+        return value
+    return _seconds(value, option, zero=option == "--node-linger")
+
+
+def _seconds(value: str, option: str, zero: bool) -> float:
     try:
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not 0 < seconds <= supervise.MAX_STOP_TIMEOUT:
-        _usage_error(f"--stop-timeout needs seconds in (0, {supervise.MAX_STOP_TIMEOUT:g}], "
-                     f"got {value!r}; e.g. --stop-timeout 60")
+    high = supervise.MAX_STOP_TIMEOUT
+    if not (0 <= seconds <= high and (zero or seconds > 0)):
+        _usage_error(f"{option} needs seconds in {'[' if zero else '('}0, {high:g}], got "
+                     f"{value!r}; e.g. {option} 60")
     return seconds
+
+
+def _port(value: str) -> int:
+    if not (value.isascii() and value.isdigit() and int(value) <= 65535):
+        _usage_error(f"--node-port needs a port in 0..65535 (0 turns the node endpoint off), "
+                     f"got {value!r}; e.g. --node-port 9463")
+    return int(value)
 
 
 def _usage_error(message: str) -> NoReturn:
@@ -199,13 +260,23 @@ def _usage_error(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def node_service(options: Options) -> NodeService | None:
+    """The node agent of the job, None when its endpoint is off (SystemExit(2) on a bad
+    training config: the ranks would refuse it too)."""
+    cfg = with_node_port(training_config_or_exit(options.command, options.config),
+                         options.node_port)
+    service = NodeService(cfg, options.node_linger, options.node_probe_interval)
+    return service if service.port else None
+
+
+@quiet_on_closed_pipe
 def main(argv: Sequence[str] | None = None) -> None:
     options = parse_args(sys.argv[1:] if argv is None else argv)
     command, env = options.command, instrumented_env()
     try:
         if options.exec_:
             os.execvpe(command[0], command, env)
-        supervise.run(command, env, options.stop_timeout)
+        supervise.run(command, env, options.stop_timeout, node_service(options))
     except FileNotFoundError:
         sys.stderr.write(f"mfotel-instrument: command not found: {command[0]}\n")
         raise SystemExit(127) from None

@@ -9,9 +9,9 @@ registry (idempotent, as mindformers' own decorators do):
   `callbacks: [{type: MFLossMonitor}, {type: OTelMonitor, step_interval: 10, ...}]`;
 - `CPUTrainOneStepCell` (wrapper type): MFTrainOneStepCell with an overflow check that runs on CPU.
 
-    import mfotel.integrations.mindformers   # or launch with `mfotel-instrument python train.py ...`
+    import mfotel.integrations.mindformers   # or: mfotel-instrument python train.py ...
 
-The native-metric seam (pinned by tests/test_mindformers_seam.py). At train begin the callback
+The native-metric seam (pinned by tests/unit/test_mindformers_seam.py). At train begin the callback
 finds its sibling callbacks in `cb_params.list_callback` and taps, on those instances only:
 
 - `TrainingStateMonitor._output(tag, data, global_step, formats)`: every metric the native monitor
@@ -43,18 +43,19 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
-from mindspore.nn.wrap.loss_scale import _ascend_grad_overflow
 from mindformers.core.callback.callback import EvalCallBack, MFLossMonitor, TrainingStateMonitor
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, get_real_models
+from mindspore.nn.wrap.loss_scale import _ascend_grad_overflow
 
-from ..callback import OTelMonitor, eval_loss
+from ..callback import OTelMonitor
 from ..config import ConfigError
 from ..config.source import safe_job_name
-from ..extract import StepOutputs, cb_param, parse_net_outputs, to_float
+from ..extract import StepOutputs, cb_param, eval_loss, parse_net_outputs, to_float
 from ..flops import TransformerShape, llama_ffn_hidden_size
 
 log = logging.getLogger("mfotel")
@@ -309,7 +310,7 @@ class NativeBridge:
             self._warn_once("local_norm", f"mfotel: {len(squares)} local norms for "
                             f"{len(param_names)} optimizer parameters; local_norm not exported")
             return
-        for name, square in zip(param_names, squares):
+        for name, square in zip(param_names, squares, strict=True):
             if monitor._check_param_name(name):
                 self.set("local_norm", math.sqrt(square) if square >= 0 else math.nan,
                          {"param": name})
@@ -338,37 +339,41 @@ def _is_legacy() -> bool:
 
 
 # ---------------------------------------------------------------------------- the callback
-def _seq_length(network: Any) -> int | None:
-    """The model's sequence length (tokens a sample trains on), if the network tells."""
+def _real_model(network: Any) -> Any:
+    """The model inside mindformers' wrappers, or `network` itself."""
     try:
-        model = get_real_models(network)
-    except Exception:  # noqa: BLE001 - not a mindformers network
-        model = network
-    for get in (lambda: model.config.seq_length,
-                lambda: model.get_gpt_transformer_config().seq_length):
+        return get_real_models(network)
+    except Exception:  # noqa: BLE001 - not a mindformers network: read it as it is
+        return network
+
+
+def _first(getters: Iterable[Callable[[], Any]], usable: Callable[[Any], bool]) -> Any:
+    """The first usable value a getter returns (models of different versions and kinds
+    expose their settings differently), else None."""
+    for get in getters:
         try:
             value = get()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - this model does not have it: try the next way
             continue
-        if isinstance(value, int) and value > 0:
+        if usable(value):
             return value
     return None
 
 
+def _seq_length(network: Any) -> int | None:
+    """The model's sequence length (tokens a sample trains on), if the network tells."""
+    model = _real_model(network)
+    found: int | None = _first((lambda: model.config.seq_length,
+                                lambda: model.get_gpt_transformer_config().seq_length),
+                               lambda value: isinstance(value, int) and value > 0)
+    return found
+
+
 def _model_config(network: Any) -> Any:
     """The model's config (legacy `model.config`, or mcore's transformer config), if any."""
-    try:
-        model = get_real_models(network)
-    except Exception:  # noqa: BLE001 - not a mindformers network
-        model = network
-    for get in (lambda: model.get_gpt_transformer_config(), lambda: model.config):
-        try:
-            config = get()
-        except Exception:  # noqa: BLE001
-            continue
-        if config is not None:
-            return config
-    return None
+    model = _real_model(network)
+    return _first((lambda: model.get_gpt_transformer_config(), lambda: model.config),
+                  lambda config: config is not None)
 
 
 def transformer_shape(config: Any) -> TransformerShape | None:
@@ -491,11 +496,11 @@ class MindFormersOTelMonitor(OTelMonitor):
 
         def timed_begin(run_context: Any) -> Any:
             result = begin(run_context)
-            self._step_begin = time.perf_counter()
+            self.mark_step_begin()
             return result
 
         def timed_end(run_context: Any) -> Any:
-            self._step_end_mark = time.perf_counter()
+            self.mark_step_end()
             return end(run_context)
 
         self._replace(monitor, "on_train_step_begin", timed_begin)
@@ -511,7 +516,7 @@ class MindFormersOTelMonitor(OTelMonitor):
             try:
                 self.record_eval(eval_loss(output), time.perf_counter() - started)
             except Exception as exc:  # noqa: BLE001 - never raise into training
-                self._count_error("callback", exc)
+                self.count_error("callback", exc)
             return output
 
         self._replace(callback, "eval_func", timed_eval)
@@ -524,12 +529,12 @@ class MindFormersOTelMonitor(OTelMonitor):
         if not self._timed or self.bridge is None or self.bridge.loss_monitor is None:
             super().on_train_step_begin(run_context)  # else MFLossMonitor's hook marked it
 
-    def _parse_outputs(self, cb: Any) -> StepOutputs:
+    def parse_outputs(self, cb: Any) -> StepOutputs:
         """The step's outputs, with the loss fixed the way MFLossMonitor fixes it."""
         out = parse_net_outputs(cb.net_outputs)
         monitor = self.bridge.loss_monitor if self.bridge else None
         if monitor is not None and out.loss is not None:
-            out = dataclasses.replace(out, loss=float(
+            out = out._replace(loss=float(
                 monitor._fix_loss_for_parallel(out.loss, print_warning=False)))
         return out
 
@@ -541,7 +546,7 @@ class MindFormersOTelMonitor(OTelMonitor):
             cb = run_context.original_args()
             self.bridge.on_step(int(cb.cur_step_num), cb.net_outputs, self._param_names)
         except Exception as exc:  # noqa: BLE001 - never raise into training
-            self._count_error("callback", exc)
+            self.count_error("callback", exc)
 
     def close(self) -> None:
         if self.bridge is not None:

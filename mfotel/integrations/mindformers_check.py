@@ -1,6 +1,7 @@
 """Check a full mindformers YAML before a run: `mfotel check finetune.yaml`.
 
     problems = check_mindformers_yaml("finetune.yaml")   # [] when the file is fine
+    report = mfotel.checks.check_file("finetune.yaml", document_check=document_check())
 
 Checks, each problem one line naming the file, the key and the fix:
 - the native `monitor_config` against mindformers' own key list (unknown keys raise KeyError at
@@ -21,9 +22,10 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from ..config import KNOWN_KEYS, ConfigError, did_you_mean, parse_config, read_yaml
 from ..config.errors import show
@@ -49,6 +51,16 @@ def check_mindformers_yaml(path: str | Path, use_mindformers: bool | None = None
     if use_mindformers is None:
         use_mindformers = _mindformers_installed()
     return mindformers_problems(source, document, use_mindformers)
+
+
+def document_check(use_mindformers: bool | None = None
+                   ) -> Callable[[str, Mapping[str, Any]], list[str]]:
+    """`mindformers_problems` as mfotel.checks runs it on a mindformers YAML (a
+    mfotel.config.check.DocumentCheck). `use_mindformers`: None = when installed."""
+    def check(source: str, document: Mapping[str, Any]) -> list[str]:
+        use = _mindformers_installed() if use_mindformers is None else use_mindformers
+        return mindformers_problems(source, document, use)
+    return check
 
 
 def mindformers_problems(source: str, document: Mapping[str, Any], use_mindformers: bool
@@ -161,8 +173,8 @@ def _check_cpu(source: str, document: Mapping[str, Any]) -> list[str]:
         if dump_path:
             unset = "" if "dump_path" in monitor else " (mindformers' default when unset)"
             problems.append(
-                f"{source}: monitor_config.dump_path: {show(dump_path)}{unset} makes the train cell "
-                f"use TensorDump, which is Ascend-only: the CPU run fails. "
+                f"{source}: monitor_config.dump_path: {show(dump_path)}{unset} makes the train "
+                f"cell use TensorDump, which is Ascend-only: the CPU run fails. "
                 f"Fix: set dump_path: '' on CPU")
         for key in DUMP_ONLY_FORMATS:
             if monitor.get(key):
@@ -174,8 +186,8 @@ def _check_cpu(source: str, document: Mapping[str, Any]) -> list[str]:
                             f"only from the train cell. Fix: set runner_wrapper.local_norm: True")
     if wrapper.get("type") in ("MFTrainOneStepCell", "MFPipelineWithLossScaleCell"):
         problems.append(f"{source}: runner_wrapper.type: {wrapper['type']} checks overflow with "
-                        f"NPUGetFloatStatusV2, which has no CPU kernel. "
-                        f"Fix: type: CPUTrainOneStepCell (registered by mfotel.integrations.mindformers)")
+                        f"NPUGetFloatStatusV2, which has no CPU kernel. Fix: type: "
+                        f"CPUTrainOneStepCell (registered by mfotel.integrations.mindformers)")
     model = document.get("model")
     model_config = model.get("model_config") if isinstance(model, Mapping) else None
     if isinstance(model_config, Mapping) and "llama" in str(model_config.get("type", "")).lower() \

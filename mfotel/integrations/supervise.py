@@ -12,7 +12,8 @@ dead. So `mfotel-instrument` stays the parent:
   (SIGHUP as SIGTERM: a training process reports a cancel for SIGTERM and SIGINT). A process
   that started processes into groups of their own (msrun) is held (SIGSTOP) until the
   processes outside its group ended, then resumed with the signal pending, so it cannot
-  SIGKILL ranks that linger for their final scrape. Processes still running `stop_timeout` seconds after the signal are killed (SIGKILL).
+  SIGKILL ranks that linger for their final scrape. Processes still running `stop_timeout`
+  seconds after the signal are killed (SIGKILL).
 - SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH and SIGCONT go to every process group of the job as they
   are; SIGTSTP (Ctrl-Z) stops the job, then mfotel-instrument.
 - At a terminal the command starts in the background, so that Ctrl-C reaches mfotel-instrument,
@@ -26,6 +27,10 @@ dead. So `mfotel-instrument` stays the parent:
 Signals are taken synchronously (blocked, then `sigwaitinfo`), as tini does: no handler runs
 in the middle of the loop, and as PID 1 of a container no signal is lost.
 
+An observer (the node agent, `node_service.NodeService`) hears what the supervisor sees: the
+start (threads it starts then inherit the blocked signals), every process reaped, the cancel;
+when the job ended it may ask for a linger, which any cancel signal cuts short.
+
     supervise.run(["msrun", ...], env, stop_timeout=60.0)   # never returns
 """
 from __future__ import annotations
@@ -36,12 +41,15 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, NoReturn, Sequence
+from typing import Any, NoReturn, Protocol
+
+from .procfs import ProcStat, descendants, read_stat
 
 #: Signals that cancel the job, and the signal each reaches the job as.
-CANCELS = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
-           signal.SIGHUP: signal.SIGTERM}
+CANCELS: dict[int, int] = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
+                           signal.SIGHUP: signal.SIGTERM}
 #: Signals passed to every process group of the job as they are.
 PASSED = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGCONT)
 DEFAULT_STOP_TIMEOUT = 60.0
@@ -54,56 +62,7 @@ _HOLD_SECONDS = 1.0
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-class Proc(NamedTuple):
-    """One process, as /proc/PID/stat has it."""
-
-    pid: int
-    ppid: int
-    pgid: int
-    state: str  # ps(1)'s letter: R, S, D, T, Z, ...
-
-    @property
-    def ended(self) -> bool:
-        """Exited, waiting for its parent to reap it."""
-        return self.state in ("Z", "X")
-
-
-def processes() -> dict[int, Proc]:
-    """Every process of the system (Linux /proc; none where there is no /proc)."""
-    table: dict[int, Proc] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return table
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read().decode("ascii", "replace")
-        except OSError:
-            continue  # it ended meanwhile
-        fields = stat.rsplit(")", 1)[-1].split()  # the name in parentheses may hold anything
-        if len(fields) >= 3:
-            table[int(entry)] = Proc(int(entry), int(fields[1]), int(fields[2]), fields[0])
-    return table
-
-
-def descendants(root: int, table: dict[int, Proc] | None = None) -> list[Proc]:
-    """The processes below `root`, parents before their children."""
-    children: dict[int, list[Proc]] = {}
-    for proc in (processes() if table is None else table).values():
-        children.setdefault(proc.ppid, []).append(proc)
-    found: list[Proc] = []
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child.pid)
-    return found
-
-
-def launchers(job: Sequence[Proc]) -> set[int]:
+def launchers(job: Sequence[ProcStat]) -> set[int]:
     """Live processes of `job` with a descendant in another process group: they started
     processes of their own into groups of their own (msrun: a session per worker) and manage
     them (msrun SIGKILLs them on SIGINT, or when one of them exits with an error)."""
@@ -128,11 +87,8 @@ def _signal(pid: int, signum: int, group: bool = False) -> bool:
 
 
 def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().decode("ascii", "replace").rsplit(")", 1)[-1].split()[0]
-    except (OSError, IndexError):
-        return "X"
+    stat = read_stat(pid)
+    return "X" if stat is None else stat.state
 
 
 def become_subreaper() -> bool:
@@ -158,6 +114,16 @@ def _name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
+class Observer(Protocol):
+    """What the supervisor tells (see the module docstring)."""
+
+    def started(self, supervisor_pid: int) -> None: ...
+    def reaped(self, pid: int, status: int) -> None: ...
+    def cancelling(self) -> None: ...
+    def ended(self) -> float: ...  # seconds to linger before exiting
+    def close(self) -> None: ...
+
+
 @dataclass
 class Cancel:
     """A cancel in progress."""
@@ -176,8 +142,10 @@ class Supervisor:
     """One command, its job, and the signals that reach mfotel-instrument."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str],
-                 stop_timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
+                 stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+                 observer: Observer | None = None) -> None:
         self.argv, self.env, self.stop_timeout = list(argv), env, stop_timeout
+        self.observer = observer
         self.me, self.my_group = os.getpid(), os.getpgrp()
         # A signal ignored at start (nohup, `&` in a script) stays ignored, here and in the job.
         self.waited = {signum for signum in (*CANCELS, *PASSED, signal.SIGTSTP)
@@ -202,7 +170,9 @@ class Supervisor:
         except BaseException:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             raise
+        self.observe("started", self.me)
         while not self.finished():
+            info: signal.struct_siginfo | None
             if self.cancel is None:
                 info = signal.sigwaitinfo(self.waited)
             else:
@@ -213,8 +183,43 @@ class Supervisor:
             if self.cancel is not None:
                 self.advance(self.cancel)
         self.take_back_terminal()
+        self.linger()
         assert self.status is not None
         end_like(self.status, self.cancel.received if self.cancel else None)
+
+    def observe(self, event: str, *args: int) -> Any:
+        """Tell the observer; one that fails is dropped (noted once): the job comes first."""
+        if self.observer is None:
+            return None
+        try:
+            return getattr(self.observer, event)(*args)
+        except Exception as exc:  # noqa: BLE001 - supervision must go on whatever it does
+            _note(f"the node agent failed ({type(exc).__name__}: {exc}) and is stopped; the "
+                  "job runs on without it")
+            observer, self.observer = self.observer, None
+            try:
+                observer.close()
+            except Exception:  # noqa: BLE001 - already failed and noted; the job comes first
+                pass
+            return None
+
+    def linger(self) -> None:
+        """Stay as long as the observer asks after the job ended; a cancel signal ends it."""
+        if self.observer is None:
+            return
+        try:
+            seconds = self.observe("ended") or 0.0
+            if seconds > 0:
+                _note(f"the job ended; the node endpoint stays up {seconds:g} s for the final "
+                      "scrapes (SIGTERM / SIGINT ends it now)")
+            deadline = time.monotonic() + seconds
+            while (left := deadline - time.monotonic()) > 0:
+                info = signal.sigtimedwait(self.waited, left)
+                if info is not None and info.si_signo in CANCELS:
+                    break
+                self.reap()  # stragglers the job left behind
+        finally:
+            self.observe("close")
 
     def finished(self) -> bool:
         if self.status is None:
@@ -237,8 +242,10 @@ class Supervisor:
                 return
             if os.WIFSTOPPED(status):
                 self.on_stopped(pid, os.WSTOPSIG(status))
-            elif pid == self.child:
+                continue
+            if pid == self.child:
                 self.status = status
+            self.observe("reaped", pid, status)
 
     # ------------------------------------------------------------------ signals
     def on_signal(self, signum: int) -> None:
@@ -257,7 +264,7 @@ class Supervisor:
                 self.job_stopped = False
             self.send_job(signum)
 
-    def send_job(self, signum: int, job: Sequence[Proc] | None = None) -> set[int]:
+    def send_job(self, signum: int, job: Sequence[ProcStat] | None = None) -> set[int]:
         """`signum` to every process group of the job; the groups reached."""
         job = [p for p in (descendants(self.me) if job is None else job) if not p.ended]
         groups = {proc.pgid for proc in job}
@@ -274,6 +281,7 @@ class Supervisor:
         if self.cancel is not None:  # asked again: pass it on again
             self.send_job(delivered)
             return
+        self.observe("cancelling")
         job = [proc for proc in descendants(self.me) if not proc.ended]
         held = launchers(job)
         for pid in held:
@@ -395,7 +403,7 @@ def _flush() -> None:
             pass
 
 
-def run(argv: Sequence[str], env: dict[str, str],
-        stop_timeout: float = DEFAULT_STOP_TIMEOUT) -> NoReturn:
+def run(argv: Sequence[str], env: dict[str, str], stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        observer: Observer | None = None) -> NoReturn:
     """Run `argv` under supervision (see the module docstring); never returns."""
-    Supervisor(argv, env, stop_timeout).run()
+    Supervisor(argv, env, stop_timeout, observer).run()

@@ -5,16 +5,24 @@ so a past run lands in the same dashboards as a live one:
 
     mindformers_train_loss{job_name="exp1",rank="0"} 2.345 1764671400.123
 
-As live, a NaN/Inf value never becomes a gauge sample: the gauge repeats its last finite value,
-`loss_finite` drops to 0 and `nonfinite_total{metric}` counts it. Counters count logged steps
-(live ones count every step); `steps_total` is the logged step (steps completed assuming the run
-started at step 0). Timestamps are the row's time, else `start + step * step_seconds`.
+As live, the loss and the gradient norm are written as they are (`NaN`, `+Inf`, `-Inf`), beside
+`loss_finite` (0 for such a loss) and `nonfinite_total{metric}`; the other gauges (learning
+rate, throughput, ...) repeat their last finite value, as the live ones do. Counters count
+logged steps (live ones count every step); `steps_total` is the logged step (steps completed
+assuming the run started at step 0). Timestamps are the row's time, else
+`start + step * step_seconds`.
+
+The job_name label is the one the lines carry (mfotel's JSON lines name their job), so backfilled
+history joins the live series of the same job; lines that carry none (text lines, info.log)
+take the job name of their run's JSON lines, else the run's name; `job_names` forces one per
+run (`--job-name`). `BackfillStats.job_names` says which it was for each run.
 
 A (job_name, rank) logged by several sources (mfotel's monitor file and mindformers' info.log
 of the same run) is backfilled from one of them, the first of `parse.SOURCES` present, because
 the live series hold one value per step; the others are reported in `BackfillStats.left_out`.
 
     stats = write_openmetrics(rows, Path("out/backfill.om"), job_names={"exp1": "exp1"})
+    stats.job_names        # {("exp1", "exp1"): "--job-name"}: (run, job_name) -> where from
     create_blocks(Path("out/backfill.om"), Path("out/data"))   # runs promtool
 """
 from __future__ import annotations
@@ -24,9 +32,10 @@ import shutil
 import subprocess
 import tempfile
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterable, Mapping
+from typing import IO
 
 from ..contract import CONTRACT, STEP_TIME_BUCKETS, MetricSpec, spec
 from .parse import MAX_TIME, SOURCES, Row
@@ -35,10 +44,14 @@ from .parse import MAX_TIME, SOURCES, Row
 _ROW_GAUGES = {"loss": "loss", "learning_rate": "learning_rate", "grad_norm": "grad_norm",
                "throughput": "throughput", "loss_scale": "loss_scale", "epoch": "epoch"}
 _NONFINITE_METRICS = ("loss", "grad_norm")   # as mfotel.instruments.NONFINITE_METRICS
+#: Gauges written as they are, NaN/Inf included (as the live /metrics exposes them).
+_AS_IS = frozenset(_NONFINITE_METRICS)
 _BUCKET_LABELS = tuple(repr(float(bound)) for bound in STEP_TIME_BUCKETS) + ("+Inf",)
 
 
 _Series = tuple[str, int, str]     # (job_name, rank, source)
+# where a run's job_name label came from (BackfillStats.job_names)
+JOB_FROM_OPTION, JOB_FROM_LINES, JOB_FROM_RUN = "--job-name", "the lines' job_name", "run name"
 
 
 class BackfillError(ValueError):
@@ -58,8 +71,10 @@ class BackfillStats:
     sources: dict[tuple[str, int], str] = field(default_factory=dict)
     # (job_name, rank, source, rows) of the sources not written
     left_out: list[tuple[str, int, str, int]] = field(default_factory=list)
+    # (run, job_name) -> JOB_FROM_*: where each run's job_name label came from
+    job_names: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def _merge(self, state: "_SeriesState") -> None:
+    def _merge(self, state: _SeriesState) -> None:
         self.rows += state.rows
         self.samples += state.samples
         self.skipped_out_of_order += state.skipped_out_of_order
@@ -178,8 +193,9 @@ class OpenMetricsWriter:
                 continue
             if math.isfinite(value):
                 state.last_finite[attr] = value
+            if math.isfinite(value) or attr in _AS_IS:
                 put(contract_key, value)
-            elif attr in state.last_finite:      # live gauges keep their last finite value
+            elif attr in state.last_finite:      # as live: the last finite value stays
                 put(contract_key, state.last_finite[attr])
         put("step", row.step)
         put("steps", row.step)
@@ -218,7 +234,7 @@ class OpenMetricsWriter:
         name = spec("step_duration").prometheus_name
         out = self._out("step_duration", labels, series)
         cumulative = 0
-        for le, count in zip(_BUCKET_LABELS, state.buckets):
+        for le, count in zip(_BUCKET_LABELS, state.buckets, strict=True):
             cumulative += count
             out.write(f'{name}_bucket{{{labels},le="{le}"}} {cumulative}{suffix}')
         out.write(f"{name}_count{{{labels}}} {cumulative}{suffix}")
@@ -280,23 +296,39 @@ def _header(metric_spec: MetricSpec) -> str:
 
 
 def write_openmetrics(rows: Iterable[Row], path: Path, job_names: Mapping[str, str] | None = None,
-                      start: float | None = None, step_seconds: float = 1.0) -> BackfillStats:
-    """Write `rows` to `path` as OpenMetrics; `job_names` maps run name -> job_name label."""
+                      start: float | None = None, step_seconds: float = 1.0,
+                      run_job_names: Mapping[str, str] | None = None) -> BackfillStats:
+    """Write `rows` to `path` as OpenMetrics. The job_name label: `job_names[run]` (forced),
+    else the row's own job_name, else `run_job_names[run]` (the one its run's lines name,
+    see `parse.line_job_names`), else the run's name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = OpenMetricsWriter(path, start=start, step_seconds=step_seconds)
-    job_names = job_names or {}
+    forced, of_run = job_names or {}, run_job_names or {}
+    origins: dict[tuple[str, str], str] = {}
     try:
         for row in rows:
-            writer.add(row, job_names.get(row.run, row.run))
+            if row.run in forced:
+                job_name, origin = forced[row.run], JOB_FROM_OPTION
+            elif row.job_name:
+                job_name, origin = row.job_name, JOB_FROM_LINES
+            elif row.run in of_run:
+                job_name, origin = of_run[row.run], JOB_FROM_LINES
+            else:
+                job_name, origin = row.run, JOB_FROM_RUN
+            origins.setdefault((row.run, job_name), origin)
+            writer.add(row, job_name)
     except BaseException:
         writer.discard()
         raise
-    return writer.close()
+    stats = writer.close()
+    written = {job_name for job_name, _ in stats.series}
+    stats.job_names = {key: origin for key, origin in origins.items() if key[1] in written}
+    return stats
 
 
 def find_promtool() -> str | None:
-    from ..demo.stack import find_binary
+    from ..localstack.servers import find_binary
     return find_binary(("promtool",))
 
 

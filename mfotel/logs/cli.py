@@ -14,12 +14,23 @@ import functools
 import math
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterator
 
-from .parse import MAX_TIME, SOURCES, ParseReport, Progress, Row, Run, discover_runs, iter_rows
+from ..closed_pipe import closed_std_streams, quiet_on_closed_pipe
+from .parse import (
+    MAX_TIME,
+    SOURCES,
+    ParseReport,
+    Progress,
+    Row,
+    Run,
+    discover_runs,
+    iter_rows,
+    line_job_names,
+)
 
 EXIT_OK, EXIT_ERROR = 0, 1
 
@@ -89,6 +100,8 @@ def _file_errors_are_messages(command: Callable[[argparse.Namespace], int]
             return _error(str(exc) if exc.filename is None
                           else f"{exc.filename}: {exc.strerror or exc}")
         except OSError as exc:
+            if isinstance(exc, BrokenPipeError) and closed_std_streams():
+                raise       # the reader of our output left: the entry point ends quietly
             where = f"{exc.filename}: " if exc.filename else ""
             return _error(f"{where}{exc.strerror or exc}")
     return run
@@ -170,14 +183,24 @@ def _positive(text: str) -> float:
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     """OpenMetrics with the live names and labels; optionally TSDB blocks via promtool."""
-    from .backfill import BackfillError, create_blocks, find_promtool, write_openmetrics
+    from .backfill import (
+        JOB_FROM_LINES,
+        JOB_FROM_OPTION,
+        JOB_FROM_RUN,
+        BackfillError,
+        create_blocks,
+        find_promtool,
+        write_openmetrics,
+    )
     runs = _runs(args)
     if args.job_name and len(args.job_name) != len(runs):
         return _error(f"give one --job-name per RUN ({len(runs)}), or none to use the run names")
     if args.create_blocks and find_promtool() is None:
         return _error("--create-blocks needs promtool on PATH (apt-get install prometheus)")
-    job_names = {run.name: (args.job_name[index] if args.job_name else run.name)
-                 for index, run in enumerate(runs)}
+    forced = dict(zip((r.name for r in runs), args.job_name, strict=False))  # --job-name
+    # lines without a job_name (text, info.log) join the job their run's JSON lines name
+    of_run = {run.name: names.pop() for run in runs
+              if run.name not in forced and len(names := line_job_names(run)) == 1}
     out_dir = Path(args.out)
     om_path = out_dir / args.file_name
     report = ParseReport()
@@ -186,13 +209,19 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             rows: Iterator[Row] = iter_rows(runs, report, progress)
             if args.source:
                 rows = (row for row in rows if row.source in args.source)
-            stats = write_openmetrics(rows, om_path, job_names=job_names, start=args.start,
-                                      step_seconds=args.step_seconds)
+            stats = write_openmetrics(rows, om_path, job_names=forced, start=args.start,
+                                      step_seconds=args.step_seconds, run_job_names=of_run)
     except BackfillError as exc:
         return _error(str(exc))
     status = _finish(report, args)
     if stats.rows == 0:
         return _error("no training steps found in " + ", ".join(args.runs))
+    for (run_name, job_name), origin in sorted(stats.job_names.items()):
+        how = {JOB_FROM_OPTION: "given by --job-name",
+               JOB_FROM_LINES: "the job_name its JSON lines carry",
+               JOB_FROM_RUN: "the run's name: its lines carry no job_name (--job-name NAME "
+                             "to choose one)"}[origin]
+        print(f"mfotel: run {run_name}: job_name {job_name} ({how})", file=sys.stderr)
     for job_name, rank, source, count in stats.left_out:
         print(f"mfotel: note: job_name {job_name} rank {rank}: backfilled from "
               f"{stats.sources[(job_name, rank)]}; left out its {count} {source} step(s) "
@@ -301,7 +330,8 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
     backfill.add_argument("--out", required=True, metavar="DIR", help="output directory")
     backfill.add_argument("--file-name", default="backfill.om", help=argparse.SUPPRESS)
     backfill.add_argument("--job-name", action="append", default=[],
-                          help="job_name label of the n-th RUN (repeatable; default: the run name)")
+                          help="job_name label of the n-th RUN (repeatable; default: the "
+                               "job_name its JSON lines carry, else the run name)")
     backfill.add_argument("--start", type=parse_time, default=None,
                           help="time of step 0 for rows without a timestamp (text lines of "
                                "older mfotel versions): unix seconds or ISO 8601")
@@ -323,6 +353,7 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
     summary.set_defaults(func=_file_errors_are_messages(cmd_summary))
 
 
+@quiet_on_closed_pipe
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry (`python -m mfotel.logs.cli plot ...`) until mfotel.cli wires it."""
     parser = argparse.ArgumentParser(prog="mfotel")

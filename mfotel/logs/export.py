@@ -11,7 +11,8 @@ logged by mfotel and by MFLossMonitor is two lines, never one mixed line.
 from __future__ import annotations
 
 import csv
-from typing import IO, Iterable
+from collections.abc import Iterable
+from typing import IO
 
 from .parse import Row
 

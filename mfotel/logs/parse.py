@@ -32,12 +32,14 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
+from typing import BinaryIO, TypeGuard
 
-from ..sinks import LINE_FIELDS, PREFIX as MONITOR_MARK, TIME_KEY
+from ..sinks import LINE_FIELDS, TIME_KEY
+from ..sinks import PREFIX as MONITOR_MARK
 
 #: The per-step values a row may carry, in display order.
 METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput", "step_time")
@@ -51,6 +53,7 @@ MAX_LINE_BYTES = 1 << 20     # no monitor line comes near it; bounds memory and 
 MAX_STEP = 2 ** 53           # steps are exact as float64 (Prometheus sample values)
 MAX_TIME = 253402300799.0    # 9999-12-31T23:59:59Z
 MAX_RANK = 2 ** 31 - 1
+MAX_JOB_NAME = 128           # as the monitor_config key
 
 Progress = Callable[[int], None]
 """Called with the number of bytes consumed since the previous call."""
@@ -78,6 +81,7 @@ class Row:
     line: int = 0                  # 1-based line number in `path`
     path: str = ""
     source: str = ""               # one of SOURCES
+    job_name: str | None = None    # the job the line names (JSON lines carry it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +289,11 @@ def _parse_json(record: dict) -> dict:
             values["epoch"] = _bounded_int(key, value, MAX_STEP)
         elif key == "rank":
             values["rank"] = _bounded_int(key, value, MAX_RANK)
+        elif key == "job_name":
+            if not isinstance(value, str) or not 0 < len(value) <= MAX_JOB_NAME:
+                raise ValueError(f"job_name: {_short(value)} is not a name of 1 to "
+                                 f"{MAX_JOB_NAME} characters")
+            values["job_name"] = value
     return values
 
 
@@ -491,7 +500,7 @@ def parse_lines(lines: Iterable[bytes | str], run: str = "run", rank: int = 0,
     line_no = 0
     consumed = 0
     for line_no, raw in enumerate(lines, 1):
-        if raw.__class__ is str:
+        if isinstance(raw, str):
             raw = raw.encode("utf-8", "surrogateescape")
         size = raw.size if raw.__class__ is _Overlong else len(raw)
         if progress is not None:
@@ -562,6 +571,12 @@ _GENERIC_DIRS = re.compile(r"^(?:rank[_-]?\d+|logs?|output|outputs|monitor_logs)
 _MF_INFO = re.compile(r"^info\.log(?:\.(\d{1,6}))?$")
 
 
+def _rotation(path: Path) -> int:
+    """N of mindformers' info.log.N, 0 for info.log (RotatingFileHandler: larger is older)."""
+    match = _MF_INFO.match(path.name)
+    return int(match.group(1) or 0) if match else 0
+
+
 def rank_from_path(path: Path) -> int:
     """`train_monitor_3.log` -> 3, `.../rank_3/info.log` -> 3, else 0."""
     stem = path.name.split(".", 1)[0]
@@ -601,8 +616,8 @@ _NOT_LOGS = frozenset((".ckpt", ".safetensors", ".npy", ".npz", ".pb", ".mindir"
                        ".xz", ".bz2", ".so", ".pyc", ".py", ".csv", ".yaml", ".yml", ".db"))
 
 
-def sniff(path: Path) -> str | None:
-    """KIND_MONITOR, KIND_INFO, KIND_CAPTURE, or None: what the first SNIFF_BYTES hold."""
+def _head_lines(path: Path) -> tuple[bytes, list[bytes]] | None:
+    """The first SNIFF_BYTES of a file and its whole lines; None when it cannot be read."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(SNIFF_BYTES)
@@ -610,7 +625,16 @@ def sniff(path: Path) -> str | None:
         return None
     lines = head.splitlines(keepends=True)
     if len(head) == SNIFF_BYTES and len(lines) > 1:
-        lines.pop()                                     # cut by the sniff, not the writer
+        lines.pop()                                     # cut by this read, not the writer
+    return head, lines
+
+
+def sniff(path: Path) -> str | None:
+    """KIND_MONITOR, KIND_INFO, KIND_CAPTURE, or None: what the first SNIFF_BYTES hold."""
+    read = _head_lines(path)
+    if read is None:
+        return None
+    head, lines = read
     report = ParseReport(max_problems=0)
     sources = [row.source for row in parse_lines(lines, path=str(path), report=report)]
     if _MF_INFO.match(path.name) and (SOURCE_MINDFORMERS in sources or b"mindformers" in head):
@@ -623,6 +647,18 @@ def sniff(path: Path) -> str | None:
     if SOURCE_MINDFORMERS not in sources and len(sources) + report.problem_count >= nonempty:
         return KIND_MONITOR
     return KIND_CAPTURE
+
+
+def line_job_names(run: Run) -> set[str]:
+    """The job names the run's lines carry (JSON lines do; text lines and info.log do not),
+    read from the first SNIFF_BYTES of each file."""
+    names: set[str] = set()
+    for path in run.files:
+        read = _head_lines(path)
+        if read is not None:
+            rows = parse_lines(read[1], path=str(path), report=ParseReport(max_problems=0))
+            names.update(row.job_name for row in rows if row.job_name)
+    return names
 
 
 @dataclass
@@ -668,7 +704,7 @@ def _log_files(directory: Path) -> tuple[list[Path], dict[Path, str], int]:
     monitor = [p for p, k in kinds.items() if k != KIND_INFO]
     # RotatingFileHandler: info.log.N is older than info.log.N-1, info.log the newest
     info = sorted((p for p, k in kinds.items() if k == KIND_INFO),
-                  key=lambda p: (str(p.parent), -int(_MF_INFO.match(p.name).group(1) or 0)))
+                  key=lambda p: (str(p.parent), -_rotation(p)))
     return monitor + info, kinds, looked
 
 
@@ -715,7 +751,7 @@ def iter_rows(runs: Iterable[Run], report: ParseReport | None = None,
             yield from parse_file(path, run=run.name, report=report, progress=progress)
 
 
-def is_finite(value: float | None) -> bool:
+def is_finite(value: float | None) -> TypeGuard[float]:
     """True for a finite number; False for None, NaN and ±Inf."""
     return value is not None and math.isfinite(value)
 

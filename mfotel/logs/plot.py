@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Collection, Iterable
+from typing import TYPE_CHECKING
 
 from .parse import Row
 
@@ -131,18 +132,31 @@ def _labels(series: dict[SeriesKey, Series]) -> list[str]:
     return labels
 
 
-def _spans_decades(ax: "Axes") -> bool:
-    values = [y for line in ax.lines if line.get_gid() and line.get_gid().endswith("/raw")
-              for y in line.get_ydata()]
+def _raw_values(ax: Axes) -> list[float]:
+    """The y values of the panel's raw lines (not the smoothed ones, nor the NaN markers)."""
+    import numpy as np  # matplotlib's own dependency
+
+    return [float(y) for line in ax.lines
+            if (gid := line.get_gid()) is not None and gid.endswith("/raw")
+            for y in np.asarray(line.get_ydata(), dtype=float)]
+
+
+def _spans_decades(ax: Axes) -> bool:
+    values = _raw_values(ax)
     return bool(values) and min(values) > 0 and max(values) / min(values) >= AUTO_LOG_SPAN
 
 
-def _can_log(ax: "Axes") -> bool:
-    return any(y > 0 for line in ax.lines if line.get_gid() and line.get_gid().endswith("/raw")
-               for y in line.get_ydata())
+#: Beyond this a log axis' decade ticks and margins overflow to inf (matplotlib then fails to
+#: label them): such panels stay linear.
+LOG_AXIS_LIMIT = 1e250
 
 
-def _plain_log_labels(ax: "Axes") -> None:
+def _can_log(ax: Axes) -> bool:
+    values = _raw_values(ax)
+    return any(y > 0 for y in values) and all(abs(y) < LOG_AXIS_LIMIT for y in values)
+
+
+def _plain_log_labels(ax: Axes) -> None:
     """`20`, `0.003` instead of `2x10^1`, `3x10^-3` on a log axis (minor ticks labelled
     when the axis spans few decades, as matplotlib decides)."""
     from matplotlib.ticker import LogFormatter
@@ -156,7 +170,7 @@ def _plain_log_labels(ax: "Axes") -> None:
 
 def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
                  log_scale: bool = False, title: str | None = None,
-                 auto_log: bool = True) -> "Figure":
+                 auto_log: bool = True) -> Figure:
     """A 3x2 figure of five panels; each plotted line has gid `run/rank/source/metric/raw`
     (or `/smooth`, `/nonfinite`)."""
     from matplotlib.figure import Figure
@@ -172,33 +186,33 @@ def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
     axes[-2].xaxis.set_tick_params(labelbottom=True)   # nothing below it any more
     labels = _labels(series)
     marked_nonfinite = False
-    for ax, (metric, heading) in zip(axes, PANELS):
+    for ax, (metric, heading) in zip(axes, PANELS, strict=True):
         ax.set_title(heading)
         ax.grid(True, alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         top_edge = blended_transform_factory(ax.transData, ax.transAxes)
         has_data = False
-        for index, (label, item) in enumerate(zip(labels, series.values())):
+        for index, (label, item) in enumerate(zip(labels, series.values(), strict=True)):
             steps, values = item.points(metric)
             style = dict(color=f"C{index % 10}", linestyle=LINE_STYLES[index % len(LINE_STYLES)],
                          linewidth=LINE_WIDTHS[index % len(LINE_WIDTHS)])
-            finite = [(s, v) for s, v in zip(steps, values) if math.isfinite(v)]
+            finite = [(s, v) for s, v in zip(steps, values, strict=True) if math.isfinite(v)]
             if finite:
                 has_data = True
-                xs, ys = zip(*finite)
+                xs, ys = zip(*finite, strict=True)
                 if len(xs) <= SPARSE_POINTS:
                     style.update(marker=MARKERS[index % len(MARKERS)], markersize=4)
-                smoothing = bool(smooth) and metric != "learning_rate"
+                weight = smooth if metric != "learning_rate" else None
                 # with smoothing the faint raw line stays out of the legend
-                if smoothing:
+                if weight:
                     raw = ax.plot(xs, ys, label="_raw", alpha=0.3,
                                   **{**style, "marker": None})[0]
-                    line = ax.plot(xs, ema(ys, smooth), label=label, **style)[0]
+                    line = ax.plot(xs, ema(ys, weight), label=label, **style)[0]
                     line.set_gid(f"{item.gid}/{metric}/smooth")
                 else:
                     raw = ax.plot(xs, ys, label=label, **style)[0]
                 raw.set_gid(f"{item.gid}/{metric}/raw")
-            bad = [s for s, v in zip(steps, values) if not math.isfinite(v)]
+            bad = [s for s, v in zip(steps, values, strict=True) if not math.isfinite(v)]
             if bad:
                 has_data = True
                 # on the top edge, each series a little lower so that overlaps stay visible
@@ -218,7 +232,8 @@ def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
                     va="center", color="gray")
     for index, item in enumerate(series.values()):
         steps, values = item.points("loss")
-        first_bad = next((s for s, v in zip(steps, values) if not math.isfinite(v)), None)
+        first_bad = next((s for s, v in zip(steps, values, strict=True)
+                          if not math.isfinite(v)), None)
         if first_bad is not None:
             for ax in axes:
                 ax.axvline(first_bad, color=f"C{index % 10}", linestyle=":", linewidth=1.2)
@@ -226,7 +241,7 @@ def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
         ax.set_xlabel("step")
     handles, legend_labels = axes[0].get_legend_handles_labels()
     for ax in axes[1:]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if label not in legend_labels:
                 handles.append(handle)
                 legend_labels.append(label)
@@ -243,7 +258,7 @@ def build_figure(series: dict[SeriesKey, Series], smooth: float | None = None,
     return figure
 
 
-def save(figure: "Figure", path: Path, dpi: int = 120) -> Path:
+def save(figure: Figure, path: Path, dpi: int = 120) -> Path:
     """Write the figure; the format follows the extension (PNG when there is none)."""
     path = output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,12 +11,23 @@ the logs.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
-from .parse import (SOURCE_JSON, SOURCE_MINDFORMERS, SOURCE_TEXT, SOURCES, ParseReport, Progress,
-                    Row, Run, is_finite, is_nonfinite, parse_file)
+from .parse import (
+    SOURCE_JSON,
+    SOURCE_MINDFORMERS,
+    SOURCE_TEXT,
+    SOURCES,
+    ParseReport,
+    Progress,
+    Row,
+    Run,
+    is_finite,
+    is_nonfinite,
+    parse_file,
+)
 
 #: What each source's numbers are, for the reader of a summary.
 SOURCE_NOTES = {

@@ -2,7 +2,7 @@
 
     page = live_page(cfg, identity, "llama7b", instruments.state, telemetry.cert_file)
     telemetry.extra_routes.update(page.routes())   # before telemetry.serve()
-    page.history.append(step, values)              # the callback, at each record
+    monitor.add_listener(HistoryRecorder(page.history))   # the callback: records, NaN marks
 
 Loaded by the callback only when `prometheus.ui` is on and the endpoint is served.
 """
@@ -14,10 +14,10 @@ from ..config import MonitorConfig
 from ..identity import RankIdentity
 from ..instruments import TrainState
 from .app import LivePage
-from .history import History
+from .history import History, HistoryRecorder
 from .overview import Overview, rank_addresses
 
-__all__ = ["History", "LivePage", "Overview", "live_page", "rank_addresses"]
+__all__ = ["History", "HistoryRecorder", "LivePage", "Overview", "live_page", "rank_addresses"]
 
 
 def _peer_tls(cert_file: str | None) -> ssl.SSLContext | None:

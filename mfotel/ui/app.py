@@ -23,25 +23,32 @@ import sys
 import threading
 import time
 from array import array
+from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 from urllib.parse import parse_qs
 
-from ..contract import (STATUS_CANCELLED, STATUS_COMPLETED, STATUS_FAILED, STATUS_INITIALISING,
-                        STATUS_RUNNING)
-from ..instruments import TrainState
-from .history import History
+from ..contract import (
+    STATUS_CANCELLED,
+    STATUS_COMPLETED,
+    STATUS_FAILED,
+    STATUS_INITIALISING,
+    STATUS_RUNNING,
+)
+from ..endpoint.wsgi import SECURITY_HEADERS as ENDPOINT_HEADERS
+from ..endpoint.wsgi import WsgiApp, merged_headers
+from ..instruments import AS_IS, TrainState
+from .history import History, nonfinite_text
 from .overview import Overview
 
-WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
 #: Values of mindformers_train_status, as the page names them.
 STATUS_NAMES = {STATUS_INITIALISING: "initialising", STATUS_RUNNING: "running",
                 STATUS_COMPLETED: "completed", STATUS_FAILED: "failed",
                 STATUS_CANCELLED: "cancelled"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-SECURITY_HEADERS = [("Content-Security-Policy", CSP), ("X-Content-Type-Options", "nosniff"),
-                    ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY")]
+#: The endpoint's headers (nosniff, no framing, no referrer) with the page's own policy.
+SECURITY_HEADERS = merged_headers(ENDPOINT_HEADERS, {"Content-Security-Policy": CSP})
 #: route -> (file under mfotel/ui/static, content type)
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -61,7 +68,7 @@ def encode_points(data: dict[str, Any], numbers: bool = False) -> dict[str, Any]
     page decodes into a Float64Array: 30x cheaper to encode than JSON numbers, so a new
     viewer holds the GIL ~0.5 ms per 10k points instead of ~16 ms), or with `numbers` as
     JSON numbers, null where NaN/Inf or not recorded."""
-    series = {}
+    series: dict[str, list[float | None] | str] = {}
     for name, column in data["series"].items():
         if numbers:
             series[name] = [v if math.isfinite(v) else None for v in column]
@@ -135,7 +142,10 @@ class LivePage:
         values = {key: _finite(getattr(st, key)) for key in (
             "loss", "learning_rate", "grad_norm", "throughput", "loss_scale", "progress",
             "last_step_timestamp")}
-        return {**self.info, **values, "status": st.status,
+        # what /metrics shows where the value is NaN/Inf (JSON has no literal: null above)
+        as_is = {key: nonfinite_text(value) for key in AS_IS
+                 if (value := getattr(st, key)) is not None and not math.isfinite(value)}
+        return {**self.info, **values, "nonfinite_values": as_is, "status": st.status,
                 "status_name": STATUS_NAMES.get(st.status, f"status {st.status}"),
                 "step": step, "steps": st.steps, "epoch": st.epoch, "now": time.time(),
                 "step_time": history.latest("step_time"), "loss_finite": st.loss_finite,
@@ -162,7 +172,8 @@ class LivePage:
             if version != self.history.version and \
                     time.monotonic() - started >= cost / FULL_LOAD_BUDGET:
                 version, started = self.history.version, time.monotonic()
-                encoded = json.dumps(encode_points(self.history.read(), numbers)).encode()
+                encoded = json.dumps(encode_points(self.history.read(), numbers),
+                                     allow_nan=False).encode()
                 self._full[numbers] = (version, started, time.monotonic() - started, encoded)
         current = json.dumps(self.summary(), allow_nan=False).encode()
         return encoded[:-1] + b', "current": ' + current + b"}"

@@ -8,25 +8,38 @@ The overview rank fetches every rank's `/api/summary` (a few hundred bytes) from
 thread, only while someone looks at the page (asked within the last 10 s), and never more
 often than its CPU cost allows:
 the next refresh waits at least `cost / budget` seconds (2% of one core by default), so a
-1000-rank job cannot make its rank 0 a straggler. The credentials the viewer gave this page
-are sent to the other ranks (they share the web-config), as Prometheus sends its basic auth
-to every target of its file_sd files.
+1000-rank job cannot make its rank 0 a straggler.
+
+What rank 0 fetches, and to whom it sends the viewer's credentials (the ranks share the
+web-config, so the viewer's basic auth opens every rank's page):
+- only `http://` and `https://` peers at a plain `host:port`; anything else a target file
+  names (`__scheme__: file`, a path or user part in the target) is refused and shown as such;
+- redirects are never followed (a 3xx is shown as an error), and no proxy is used;
+- the credentials go only to peers the configuration names: the node's own ports, the
+  `file_sd.hosts` list, or per-rank target files that only this user could have written
+  (owned by it or root, not writable by group or others, in a directory others cannot
+  rename files in). Peers from other target files are fetched without credentials.
 """
 from __future__ import annotations
 
 import json
+import os
 import queue
+import re
 import ssl
+import stat
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..config import MonitorConfig
 from ..identity import RankIdentity
+from ..regular_file import NotRegularFile, read_regular_file
 
 #: Share of one core the fan-out may use (measured as the CPU time of its threads).
 BUDGET = 0.02
@@ -38,17 +51,28 @@ FETCH_THREADS = 8
 MAX_SUMMARY_BYTES = 64 * 1024
 MAX_TARGET_FILE_BYTES = 64 * 1024
 LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
+FETCH_SCHEMES = ("http", "https")
+#: A file_sd target rank 0 may fetch: a host name or [IPv6] and a port, nothing else.
+_TARGET = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+                     r":[0-9]{1,5}")
+_WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 #: keys of a rank's summary the overview table shows
 ROW_KEYS = ("status", "status_name", "step", "loss", "loss_finite", "first_nonfinite_step",
             "learning_rate", "grad_norm", "throughput", "step_time", "last_step_timestamp",
-            "nonfinite_now")
+            "nonfinite_now", "nonfinite_values")
 
 
 @dataclass(frozen=True)
 class Peers:
-    """Base URLs (ending in "/") of the ranks by rank, and why some or all are unknown."""
+    """Base URLs (ending in "/") of the ranks by rank, and why some or all are unknown.
+
+    `untrusted`: ranks whose address comes from a file others could have written (fetched
+    without the viewer's credentials); `refused`: ranks not fetched at all, and why.
+    """
     urls: dict[int, str] = field(default_factory=dict)
     note: str | None = None
+    untrusted: frozenset[int] = frozenset()
+    refused: dict[int, str] = field(default_factory=dict)
 
 
 def _url(scheme: str, host: str, port: int) -> str:
@@ -56,17 +80,46 @@ def _url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://[{host}]:{port}/" if ":" in host else f"{scheme}://{host}:{port}/"
 
 
-def _from_target_file(path: Path) -> tuple[str, str] | None:
-    """(scheme, host:port) of the first target of a file_sd JSON file, None if unreadable."""
+def _only_ours(st: os.stat_result) -> bool:
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & _WRITABLE_BY_OTHERS
+
+
+def _written_by_us(path: Path, st: os.stat_result) -> bool:
+    """Whether only this user (or root) can have written `path` (`st`): the file, and the
+    directories of the path and of the file it links to (others could rename their own file
+    over it there, unless the directory is sticky)."""
     try:
-        if not path.is_file():  # a FIFO or a directory would block or fail: regular files only
-            return None
-        with path.open("rb") as handle:
-            groups = json.loads(handle.read(MAX_TARGET_FILE_BYTES))
+        directories = [os.stat(d) for d in {path.parent, Path(os.path.realpath(path)).parent}]
+    except OSError:
+        return False
+    return _only_ours(st) and all(_only_ours(d) or (d.st_uid in (0, os.geteuid()) and bool(
+        d.st_mode & stat.S_ISVTX)) for d in directories)
+
+
+@dataclass(frozen=True)
+class _Target:
+    url: str | None        # None: refused
+    problem: str = ""      # why it is refused
+    trusted: bool = False  # the viewer's credentials may go there
+
+
+def _from_target_file(path: Path) -> _Target | None:
+    """The first target of a file_sd JSON file, None while unreadable (never blocks)."""
+    try:
+        st = os.stat(path)
+        groups = json.loads(read_regular_file(os.fspath(path), MAX_TARGET_FILE_BYTES, st))
         group = groups[0]
-        return group.get("labels", {}).get("__scheme__", "http"), str(group["targets"][0])
-    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        scheme, target = group.get("labels", {}).get("__scheme__", "http"), group["targets"][0]
+    except (OSError, NotRegularFile, ValueError, KeyError, IndexError, TypeError, AttributeError,
+            RecursionError):
         return None
+    if scheme not in FETCH_SCHEMES:
+        return _Target(None, f"not fetched: {path} names the scheme {str(scheme)[:20]!r} "
+                             f"(only {' and '.join(FETCH_SCHEMES)} peers are)")
+    if not isinstance(target, str) or not _TARGET.fullmatch(target):
+        return _Target(None, f"not fetched: {path} names the target {str(target)[:60]!r}, "
+                             f"not a host:port")
+    return _Target(f"{scheme}://{target}/", trusted=_written_by_us(path, st))
 
 
 def rank_addresses(cfg: MonitorConfig, identity: RankIdentity, job_name: str,
@@ -83,16 +136,25 @@ def rank_addresses(cfg: MonitorConfig, identity: RankIdentity, job_name: str,
     if not base:
         return Peers(note="the endpoint is off (prometheus.port: 0)")
     if sd.mode == "rank" and sd.path:
-        urls, missing = {}, []
+        urls, missing, untrusted, refused = {}, [], set(), {}
         for rank in range(world):
-            found = _from_target_file(sd.resolved_path(rank, job_name))
+            path = sd.resolved_path(rank, job_name)  # not None: sd.path is set
+            found = _from_target_file(path) if path is not None else None
             if found is None:
                 missing.append(rank)
+            elif found.url is None:
+                refused[rank] = found.problem
             else:
-                urls[rank] = f"{found[0]}://{found[1]}/"
-        note = (f"{len(missing)} of {world} ranks have no readable target file yet "
-                f"({sd.path})" if missing else None)
-        return Peers(urls, note)
+                urls[rank] = found.url
+                if not found.trusted:
+                    untrusted.add(rank)
+        notes = [f"{len(missing)} of {world} ranks have no readable target file yet "
+                 f"({sd.path})"] if missing else []
+        if untrusted:
+            notes.append(f"{len(untrusted)} ranks' target files could have been written by "
+                         f"another user (not this user's, or writable by others): fetched "
+                         f"without the viewer's credentials")
+        return Peers(urls, "; ".join(notes) or None, frozenset(untrusted), refused)
     if sd.hosts and per_node:
         hosts = sd.hosts
         if len(hosts) * per_node < world:
@@ -109,6 +171,16 @@ def rank_addresses(cfg: MonitorConfig, identity: RankIdentity, job_name: str,
                       f"order), or use file_sd mode: rank with a path on a shared file system")
 
 
+def peer_opener(tls: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
+    """HTTP(S) only: no redirects, no proxies, no file:// or ftp:// (urlopen has them all);
+    any status but 2xx raises HTTPError."""
+    opener = urllib.request.OpenerDirector()
+    for handler in (urllib.request.HTTPHandler(), urllib.request.HTTPSHandler(context=tls),
+                    urllib.request.HTTPDefaultErrorHandler(), urllib.request.HTTPErrorProcessor()):
+        opener.add_handler(handler)
+    return opener
+
+
 class Overview:
     """Every rank's summary, fetched in the background within a CPU budget."""
 
@@ -120,6 +192,7 @@ class Overview:
         #: this rank's own summary (set by its LivePage): never fetched over HTTP
         self.local: Callable[[], dict[str, Any]] = dict
         self.tls, self.budget, self.min_interval, self.timeout = tls, budget, min_interval, timeout
+        self._opener = peer_opener(tls)
         self._lock = threading.Lock()
         self._rows: dict[int, dict[str, Any]] = {}
         self._note: str | None = None
@@ -141,9 +214,9 @@ class Overview:
                 threading.Thread(target=self._loop, name="mfotel-ui-overview",
                                  daemon=True).start()
             rows = dict(self._rows)
-            data = {"note": self._note, "refreshed": self._refreshed,
-                    "cost_seconds": self._cost,
-                    "next_refresh_seconds": max(self._due - now, 0.0)}
+            data: dict[str, Any] = {"note": self._note, "refreshed": self._refreshed,
+                                    "cost_seconds": self._cost,
+                                    "next_refresh_seconds": max(self._due - now, 0.0)}
         rows[self.own_rank] = {**self._row(self.local()), "rank": self.own_rank,
                                "url": rows.get(self.own_rank, {}).get("url")}
         data["ranks"] = [rows[rank] for rank in sorted(rows)]
@@ -182,7 +255,8 @@ class Overview:
                         rank, url = jobs.get_nowait()
                     except queue.Empty:
                         break
-                    row = ({} if rank == self.own_rank else self._fetch(url, authorization))
+                    credentials = None if rank in peers.untrusted else authorization
+                    row = ({} if rank == self.own_rank else self._fetch(url, credentials))
                     rows[rank] = {**row, "rank": rank, "url": url}
                 spent = time.thread_time() - started
                 with self._lock:
@@ -193,6 +267,8 @@ class Overview:
                 thread.start()
             for thread in threads:
                 thread.join()
+            rows.update({rank: {"error": problem, "rank": rank, "url": None}
+                         for rank, problem in peers.refused.items()})
             with self._lock:
                 self._rows, self._note, self._cost = rows, peers.note, cpu[0]
                 self._refreshed = time.time()
@@ -204,10 +280,9 @@ class Overview:
         request = urllib.request.Request(base_url + "api/summary")
         if authorization:
             request.add_header("Authorization", authorization)
-        context = self.tls if base_url.startswith("https:") else None
         deadline = time.monotonic() + 2 * self.timeout  # a peer trickling bytes is cut off too
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=context) as reply:
+            with self._opener.open(request, timeout=self.timeout) as reply:
                 body = b""
                 while len(body) < MAX_SUMMARY_BYTES:
                     if time.monotonic() > deadline:
@@ -219,7 +294,8 @@ class Overview:
                     body += chunk
                 return self._row(json.loads(body))
         except urllib.error.HTTPError as exc:
-            return {"error": f"HTTP {exc.code} {exc.reason}"}
+            moved = " (redirects are not followed)" if 300 <= exc.code < 400 else ""
+            return {"error": f"HTTP {exc.code} {exc.reason}{moved}"}
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
             return {"error": f"unreachable ({reason})"}

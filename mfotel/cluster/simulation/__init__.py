@@ -7,10 +7,12 @@ evaluates the rules; Alertmanager routes the alerts; the pages are checked again
 scripted fault should cause.
 
     mfotel simulate --ranks 1024 --with-stack            # local Prometheus + Alertmanager
-    mfotel simulate --ranks 256 --file-sd /etc/prometheus/targets/sim.json   # your own stack
+    mfotel simulate --ranks 1024 --with-stack --node-agents   # and a node agent per node
+    mfotel simulate --ranks 256 --file-sd-dir /etc/prometheus/targets    # your own stack
 
 Modules: `scenario` (pure: jobs, faults, the training model, expected pages),
-`ranks` (a worker process serving simulated ranks), `stack` (local Prometheus and
+`ranks` (a worker process serving simulated ranks), `node_agents` (a node endpoint per
+simulated node, as `mfotel-instrument` serves it), `stack` (local Prometheus and
 Alertmanager with the shipped configs, their self-measurements), `run` (orchestration, checks,
 the command line).
 """

@@ -1,20 +1,20 @@
 """A worker process serving simulated ranks, each the real per-rank mfotel stack.
 
-Each rank has its own `Telemetry` (MeterProviders, Resource, Prometheus reader, cached
-exposition, HTTP server on its own port) and `Instruments`, exactly as `OTelMonitor` builds
-them at train begin; `SimRank.step` assigns the state `OTelMonitor.on_train_step_end` assigns.
+Each rank is built by `mfotel.rank_exporter` (MeterProviders, Resource, Prometheus reader,
+cached exposition, HTTP server on its own port, instruments), exactly as `OTelMonitor` builds
+it at train begin; `SimRank.step` assigns the state `OTelMonitor.on_train_step_end` assigns.
 Only the training loop is synthetic (`scenario.TrainingModel`, `scenario.JobClock`).
 
     python -m mfotel.cluster.simulation.ranks WORKER.json      # started by `run`
 
 JSON lines on stdin/stdout: the worker builds and serves its ranks and prints
 `{"ready": n, "failed": [...]}`, reads `{"start": unix_time}`, runs the scenario until
-`start + duration` or until its stdin closes (the orchestrator stopped or died), shuts every
-rank down and prints `{"done": ...}` with its resource use.
+`start + duration` or until its stdin closes (the orchestrator stopped or died), then every
+rank still up reports cancelled and lingers for its final scrape (as `OTelMonitor` on
+SIGTERM), and the worker shuts its ranks down and prints `{"done": ...}` with its resource use.
 """
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import json
@@ -22,54 +22,47 @@ import math
 import os
 import random
 import resource
+import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...config import MonitorConfig, parse_config
 from ...contract import STATUS_COMPLETED, STATUS_RUNNING
 from ...identity import RankIdentity, RunIdentity
-from ...instruments import Instruments
-from ...telemetry import Telemetry
+from ...rank_exporter import rank_exporter
+from .node_agents import RankEnd, SimNodeAgent
 from .scenario import STATUS_CANCELLED, JobClock, RankSpec, Timing, TrainingModel
 
 STEPS_PER_EPOCH = 1000
 
 
 class SimRank:
-    """One rank: the real Telemetry + Instruments, serving /metrics on `host:port + local rank`."""
+    """One rank: the real rank exporter, serving /metrics on `host:port + local rank`."""
 
     def __init__(self, spec: RankSpec, cfg: MonitorConfig, node_name: str, seed: int) -> None:
         self.spec = spec
         self.export_errors = 0
-        self.instruments: Instruments | None = None
         identity = RankIdentity(rank=spec.rank, local_rank=spec.local_rank,
                                 world_size=spec.world_size, node=node_name,
                                 device_id=str(spec.local_rank),
                                 local_world_size=spec.ranks_per_node, node_rank=spec.node_rank,
                                 local_rank_source="init")
-        run = RunIdentity(run_id=f"{spec.job}-run")
-        resource_attributes = {**identity.resource_attributes(), **run.resource_attributes()}
-        self.telemetry = Telemetry(dataclasses.replace(cfg, resource_attributes=resource_attributes),
-                                   identity, spec.job, on_error=self._count_error)
-        meter = self.telemetry.start()
-        self.instruments = Instruments(
-            meter, {"job_name": spec.job, "rank": str(spec.rank)}, cfg.metrics,
-            {**identity.labels(), **run.labels()}, self.telemetry.native_meter,
-            cardinality=cfg.cardinality, seed_values=cfg.exports_seed_metrics(spec.rank))
-        self.telemetry.serve(lambda: self.instruments.version,
-                             lambda: self.instruments.native_version)
+        self.exporter = rank_exporter(cfg, identity, spec.job,
+                                      run=RunIdentity(run_id=f"{spec.job}-run"),
+                                      on_error=self._count_error)
+        self.telemetry, self.instruments = self.exporter.telemetry, self.exporter.instruments
         self.cfg = cfg
         self.rng = random.Random(f"{seed}/{spec.job}/{spec.rank}")
         self._last_record: tuple[float, int] | None = None  # (wall, samples) at the last record
+        self.ended = False   # reported its final status, or died
 
     def _count_error(self, stage: str) -> None:
-        self.export_errors += 1
-        if self.instruments is not None:
-            self.instruments.count_error(stage)
+        self.export_errors += 1  # the exporter counts it in mfotel_export_errors_total too
 
     @property
     def served(self) -> bool:
@@ -82,24 +75,28 @@ class SimRank:
         st.status = STATUS_RUNNING
         if st.start_timestamp is None:   # train begin: just before the first step
             st.start_timestamp = wall - seconds
+        elif st.last_step_timestamp is not None:   # the rest of the period: outside the step
+            st.step_outside += max(wall - seconds - st.last_step_timestamp, 0.0)
+        st.step_begin_timestamp = wall - seconds
         st.step, st.steps, st.last_step_timestamp = step, st.steps + 1, wall
         st.epoch = 1 + (step - 1) // STEPS_PER_EPOCH
         st.progress = min(step / total_steps, 1.0)
         st.loss_finite = int(math.isfinite(loss))
         if not st.loss_finite:
             st.nonfinite["loss"] += 1
+            st.loss = loss   # exposed as it is, between records too
             if st.first_nonfinite_step is None:
                 st.first_nonfinite_step = step
         if not math.isfinite(grad_norm):
             st.nonfinite["grad_norm"] += 1
+            st.grad_norm = grad_norm
         inst.record_step_seconds(seconds)
         st.samples = (st.samples or 0) + batch_size
         st.tokens = (st.tokens or 0) + batch_size * seq_length
         if self.cfg.is_record_step(step):
-            for key, value in (("loss", loss), ("learning_rate", learning_rate),
-                               ("grad_norm", grad_norm)):
-                if math.isfinite(value):
-                    setattr(st, key, value)
+            st.loss, st.grad_norm = loss, grad_norm
+            if math.isfinite(learning_rate):
+                st.learning_rate = learning_rate
             if self._last_record is not None and wall > self._last_record[0]:
                 elapsed = wall - self._last_record[0]
                 st.throughput = (st.samples - self._last_record[1]) / elapsed
@@ -108,12 +105,19 @@ class SimRank:
             self._last_record = (wall, st.samples)
         inst.touch()
 
+    def enter_step(self, wall: float) -> None:
+        """The step begins at `wall` (OTelMonitor's step-begin mark); it may never end."""
+        self.instruments.state.step_begin_timestamp = wall
+        self.instruments.touch()
+
     def finish(self, status: int) -> None:
         """The final status of a rank that ends (OTelMonitor.close before its linger)."""
+        self.ended = True
         self.instruments.state.status = status
         self.instruments.touch()
 
     def shutdown(self) -> None:
+        self.ended = True
         self.telemetry.shutdown()
 
 
@@ -125,7 +129,8 @@ class Worker:
         self.model = TrainingModel()
         self.duration = float(spec["duration"])
         self.seed = int(spec["seed"])
-        self.slow_jobs = set(spec["slow_jobs"])   # jobs a straggler slows down, on every worker
+        self.slow: dict[str, float] = spec["slow"]   # job -> its period's factor after the fault
+        self.faults: dict[str, str] = spec["faults"]  # job -> its fault
         self.ranks: list[SimRank] = []
         self.failed: list[str] = []
         configs: dict[tuple[str, int], MonitorConfig] = {}
@@ -146,7 +151,17 @@ class Worker:
         self._seq = itertools.count()
         self._lingering: list[threading.Thread] = []
         self._last_steps: dict[str, int] = {}   # job -> steps ended before the fault
+        self._clocks: dict[str, JobClock] = {}
         self.stopped = threading.Event()          # set when the orchestrator goes away
+        self.ends: dict[tuple[str, int], RankEnd] = {}  # how ranks ended (node agents)
+        self.agents = [SimNodeAgent(
+            [(r.spec.job, r.spec.rank, r.spec.local_rank, r) for r in self.ranks
+             if r.spec.node == node["node"]], node["host"], node["port"], self.ends)
+            for node in spec.get("node_agents", [])]
+        self.failed += [f"node agent of node {node['node']}: cannot serve "
+                        f"{node['host']}:{node['port']}"
+                        for node, agent in zip(spec.get("node_agents", []), self.agents,
+                                               strict=True) if not agent.served]
 
     # ------------------------------------------------------------ scheduling
     def at(self, when: float, action: Callable[[], None]) -> None:
@@ -155,9 +170,10 @@ class Worker:
     def run(self, start: float) -> None:
         t = self.timing
         fault_at = start + t.fault_at
-        clocks = {job: JobClock(start + t.startup_seconds, t,
-                                slow_from=fault_at if job in self.slow_jobs else math.inf)
+        clocks = {job: JobClock(start + t.startup_seconds, t, slow_from=fault_at,
+                                slow_factor=self.slow.get(job, 1.0))
                   for job in {rank.spec.job for rank in self.ranks}}
+        self._clocks = clocks
         for job, clock in clocks.items():
             self._last_steps[job] = clock.last_step_before(fault_at)
         for rank in self.ranks:
@@ -171,12 +187,15 @@ class Worker:
                 continue
             heapq.heappop(self._heap)
             action()
+        for rank in self.ranks:   # stopped: as OTelMonitor on SIGTERM
+            if not rank.ended:
+                self._finish(rank, STATUS_CANCELLED, wait_out=True)
         for thread in self._lingering:
             thread.join(timeout=t.linger_seconds + 5)
 
     def _schedule(self, rank: SimRank, clock: JobClock, step: int, fault_at: float) -> None:
-        """Queue `rank`'s step `step`, or its fault if that comes first."""
-        role = rank.spec.role
+        """Queue `rank`'s step `step`, or what its job's fault does to it."""
+        role, fault = rank.spec.role, self.faults[rank.spec.job]
         ends = clock.step_end(step) + rank.spec.skew
         last = self._last_steps[rank.spec.job]
         if role == "complete":
@@ -184,49 +203,74 @@ class Worker:
                 self.at(clock.step_end(last) + rank.spec.skew + 0.01,
                         lambda: self._finish(rank, STATUS_COMPLETED))
                 return
-        elif ends >= fault_at and role in ("rank_down", "node_stall", "cancel"):
+        elif step > last and fault in ("rank_down", "hang", "cancel"):
             if role == "rank_down":      # the process dies: its port closes, no final status
-                self.at(fault_at, rank.shutdown)
+                self.at(fault_at, lambda: self._end(rank, RankEnd(time.time(), signal.SIGKILL)))
             elif role == "cancel":
                 self.at(fault_at, lambda: self._finish(rank, STATUS_CANCELLED))
-            return                       # node_stall: hangs, endpoint still answering
+            elif role == "healthy":      # into the next step's collective, never out of it
+                begins = clock.step_end(last) + rank.spec.skew + self._outside(rank, step)
+                self.at(begins, lambda: rank.enter_step(begins))
+            return                       # hang: between steps, endpoint still answering
 
         def do_step() -> None:
             total = last if role == "complete" else self.model.total_steps
-            self._step(rank, step, ends, total, fault_at)
+            self._step(rank, clock, step, ends, total, step > last)
             self._schedule(rank, clock, step + 1, fault_at)
         self.at(ends, do_step)
 
-    def _step(self, rank: SimRank, step: int, ends: float, total: int, fault_at: float) -> None:
+    def _outside(self, rank: SimRank, step: int, faulty: bool = False) -> float:
+        """The rank's host time between steps: a little, plus the straggler's input wait."""
+        t = self.timing
+        outside = t.outside_seconds * (1 + abs(rank.rng.gauss(0, 0.2)))
+        return outside + (t.input_wait_seconds if faulty and rank.spec.role == "input" else 0.0)
+
+    def _step(self, rank: SimRank, clock: JobClock, step: int, ends: float, total: int,
+              faulty: bool) -> None:
+        """Step `step` of `rank` ends at `ends`: its timed step is the job's period minus its
+        time outside the step (the ranks leave each step's collective together)."""
         t, rng, role = self.timing, rank.rng, rank.spec.role
-        compute = t.step_seconds * t.compute_share * (1 + rng.gauss(0, 0.02))
-        if role == "straggler" and ends >= fault_at:
-            compute *= t.straggler_factor
+        period = clock.step_end(step) - (clock.step_end(step - 1) if step > 1 else clock.start)
+        seconds = period - self._outside(rank, step, faulty)
         loss = self.model.loss(step, rng.gauss(0, 0.02))
         grad_norm = self.model.grad_norm(step, rng.gauss(0, 0.05))
-        if role == "nan" and ends >= fault_at:
-            loss = grad_norm = float("nan")
-        rank.step(step, ends, compute, loss, grad_norm, self.model.learning_rate(step), total,
+        if self.faults[rank.spec.job] == "nan" and faulty:
+            # the origin's loss and the all-reduced grad norm at once, the others' loss a
+            # step later (their weights are NaN after the update)
+            grad_norm = float("nan")
+            if role == "nan" or step > self._last_steps[rank.spec.job] + 1:
+                loss = float("nan")
+        rank.step(step, ends, seconds, loss, grad_norm, self.model.learning_rate(step), total,
                   t.batch_size, t.seq_length)
 
-    def _finish(self, rank: SimRank, status: int) -> None:
-        """Final status, then (on a thread) linger until scraped and shut down."""
+    def _finish(self, rank: SimRank, status: int, wait_out: bool = False) -> None:
+        """Final status, then (on a thread) linger until scraped and shut down; `wait_out`:
+        the whole linger even once the orchestrator has gone (the final status must be
+        scraped)."""
         rank.finish(status)
+        stop = threading.Event() if wait_out else self.stopped
 
         def linger() -> None:   # as OTelMonitor.close
             if rank.cfg.prometheus.linger_until_scraped:
                 rank.telemetry.wait_scraped(self.timing.linger_seconds)
             else:
-                self.stopped.wait(self.timing.linger_seconds)
-            rank.shutdown()
+                stop.wait(self.timing.linger_seconds)
+            self._end(rank, RankEnd(time.time(), 0, cancelled=status == STATUS_CANCELLED))
         thread = threading.Thread(target=linger, name="mfotel-sim-linger", daemon=True)
         thread.start()
         self._lingering.append(thread)
+
+    def _end(self, rank: SimRank, end: RankEnd) -> None:
+        """The rank's process ends: its endpoint closes; its node agent tells how."""
+        self.ends[(rank.spec.job, rank.spec.rank)] = end
+        rank.shutdown()
 
     def shutdown(self) -> None:
         # concurrently: each server's shutdown waits up to its 0.5 s poll interval
         with ThreadPoolExecutor(max_workers=64) as pool:
             list(pool.map(SimRank.shutdown, self.ranks))
+        for agent in self.agents:
+            agent.close()
 
 
 def _usage() -> dict[str, float]:

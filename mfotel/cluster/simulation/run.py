@@ -1,5 +1,7 @@
 """`mfotel simulate`: start the worker processes, write the file_sd targets, run the scenario,
-and check what Alertmanager sent against what each fault must cause.
+and check the notifications a webhook received against what each fault must cause: one per
+incident, naming the right rank, in time; then stop (every rank reports cancelled) and check
+that stopping paged nobody.
 
     result = run_simulation(SimSettings(ranks=64, with_stack=True))
     print(format_report(result))
@@ -19,22 +21,31 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
 from ...alerting.rules import RulesConfig, parse_set
 from ...contract import SEED_METRICS
-from ...demo.alerting import shipped_files
-from ...demo.stack import free_port_block
+from ...localstack.alerting import shipped_files
+from ...localstack.servers import free_port_block
 from ..discovery import target_groups, write_target_file
-from .scenario import (Expected, SimJob, Timing, expected_pages, plan_jobs, quiet_seconds,
-                       rank_specs)
-from .stack import PrometheusProbe, SimStack, route_setting
+from .scenario import (
+    Expected,
+    SimJob,
+    Timing,
+    expected_pages,
+    plan_jobs,
+    quiet_seconds,
+    rank_specs,
+    slow_factor,
+)
+from .stack import CountingReceiver, Notification, PrometheusProbe, SimStack, route_setting
 
 #: Rule thresholds and `for:` durations of a simulated run: the shipped ones would take
 #: 15 minutes per fault (stall 900 s, straggler 10m). Each is shortened so its alert can fire
@@ -42,8 +53,14 @@ from .stack import PrometheusProbe, SimStack, route_setting
 SIM_RULES: dict[str, Any] = {
     "stall_seconds": 30, "stall_for": "10s", "rank_down_for": "10s", "ranks_missing_for": "20s",
     "straggler_for": "30s", "loss_spike_for": "30s", "grad_norm_spike_for": "30s",
+    # above a scrape interval and a step: the NaN loss that explains a NaN grad norm is
+    # scraped from the rank it started on within one interval
+    "grad_norm_nonfinite_for": "30s",
     "loss_divergence_for": "30s", "step_drift_seconds": 30, "step_drift_for": "30s",
-    "throughput_window": "1m", "throughput_baseline_window": "5m", "throughput_drop_for": "30s",
+    # the baseline within the warm-up (rate() over a window longer than a series' life
+    # divides by the whole window: a young job looks slow), and the alert firing for long
+    # enough to outlast group_wait before that short baseline catches up with the slow steps
+    "throughput_window": "1m", "throughput_baseline_window": "1m", "throughput_drop_for": "10s",
     "overflow_storm_for": "30s", "failed_lookback": "5m"}
 LOOPBACK_NODES = IPv4Address("127.77.0.1")   # node k listens on 127.77.0.1 + k
 RANKS_PER_WORKER = 256
@@ -68,10 +85,12 @@ class SimSettings:
     rules: Mapping[str, Any] = field(default_factory=lambda: dict(SIM_RULES))
     with_stack: bool = False        # run Prometheus + Alertmanager + receiver on loopback
     shipped_cost: bool = False      # and a second Prometheus with the shipped rules, measured
-    alertmanager_url: str | None = None  # else: check the active alerts of this Alertmanager
+    alertmanager_url: str | None = None  # also poll this Alertmanager's active alerts
+    webhook: str | None = None      # HOST:PORT: receive your Alertmanager's notifications here
     extra_seconds: float = 0.0      # keep running this long after the checks' window
+    node_agents: bool = False       # a node agent (mfotel-instrument's endpoint) per node
     on_progress: Callable[[str], None] = lambda text: None
-    during_run: Callable[["Simulation", SimStack | None], None] | None = None  # before stopping
+    during_run: Callable[[Simulation, SimStack | None], None] | None = None  # before stopping
 
     def rules_config(self) -> RulesConfig:
         return RulesConfig(**self.rules)
@@ -100,9 +119,16 @@ class Simulation:
                               settings.seed)
         self.specs = rank_specs(self.jobs, settings.seed)
         self.expected = expected_pages(self.jobs, settings.timing, settings.rules_config(),
-                                       settings.interval, group_wait)
-        self.port = settings.port or free_port_block(settings.ranks_per_node if settings.host is None
-                                                     else settings.ranks, settings.host)
+                                       settings.interval, group_wait,
+                                       node_agents=settings.node_agents)
+        # nodes on loopback addresses of their own share one block of ports; on one host,
+        # every rank needs its own port
+        block = settings.ranks_per_node if settings.host is None else settings.ranks
+        self.port = settings.port or free_port_block(block, settings.host)
+        nodes = settings.ranks // settings.ranks_per_node
+        # node agents: every node's on one port (one address per node), else a port per node
+        self.node_port = free_port_block(1 if settings.host is None else nodes, settings.host) \
+            if settings.node_agents else 0
         self.file_sd_dir = settings.file_sd_dir or workdir / "targets"
         self.file_sd_dir.mkdir(parents=True, exist_ok=True)
         self.workers: list[subprocess.Popen] = []
@@ -115,6 +141,11 @@ class Simulation:
         if self.settings.host is None:
             return str(LOOPBACK_NODES + node), self.port
         return self.settings.host, self.port + node * self.settings.ranks_per_node
+
+    def node_address(self, node: int) -> tuple[str, int]:
+        """(bind address, port) of global node `node`'s node agent."""
+        host, _ = self.address(node)
+        return host, self.node_port + (0 if self.settings.host is None else node)
 
     def _advertised(self, node: int) -> str:
         host, _ = self.address(node)
@@ -139,13 +170,18 @@ class Simulation:
                 # the orchestrator stops the workers (closing their stdin) after its checks;
                 # the duration only bounds a worker whose orchestrator hangs
                 "seed": self.settings.seed, "duration": self.duration + 3600,
-                "slow_jobs": [job.name for job in self.jobs if job.fault == "straggler"]}))
+                "slow": {job.name: slow_factor(job, self.settings.timing) for job in self.jobs},
+                "faults": {job.name: job.fault for job in self.jobs},
+                "node_agents": [{"node": node, "host": self.node_address(node)[0],
+                                 "port": self.node_address(node)[1]}
+                                for node in share if self.settings.node_agents]}))
             with open(self.workdir / f"worker-{index}.log", "w") as log:
                 self.workers.append(subprocess.Popen(
                     [sys.executable, "-m", "mfotel.cluster.simulation.ranks", str(path)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                     stderr=log))
         for index, worker in enumerate(self.workers):
+            assert worker.stdout is not None  # stdout=PIPE
             line = worker.stdout.readline()
             if not line:
                 raise RuntimeError(f"simulation worker {index} exited before serving its ranks:\n"
@@ -168,6 +204,10 @@ class Simulation:
             else:   # one address: node k's ranks on ports port + k * ranks_per_node + local
                 groups = [g for node in nodes for g in target_groups(
                     [self._advertised(node)], rpn, self.address(node)[1])]
+            if self.settings.node_agents:   # one target per node, as mfotel-instrument adds
+                groups += [g for node in nodes for g in target_groups(
+                    [self._advertised(node)], 1, self.node_address(node)[1],
+                    {"mfotel_target": "node"})]
             write_target_file(self.file_sd_dir / f"{job.name}.json", groups)
 
     @property
@@ -185,13 +225,26 @@ class Simulation:
         """Start the scenario's clock in every worker; returns its unix start time."""
         self.start_time = time.time() + 0.5
         for worker in self.workers:
+            assert worker.stdin is not None  # stdin=PIPE
             worker.stdin.write(json.dumps({"start": self.start_time}) + "\n")
             worker.stdin.flush()
         return self.start_time
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """Close the workers' stdin (they stop stepping, shut their ranks down and report)."""
-        for worker, ready in zip(self.workers, self.ready + [{}] * len(self.workers)):
+    def stop(self, timeout: float | None = None) -> None:
+        """Close the workers' stdin: they stop stepping, every rank still up reports cancelled
+        and lingers for its final scrape, then they shut their ranks down and report."""
+        timeout = self.settings.timing.linger_seconds + 60 if timeout is None else timeout
+        # every worker at once, as a job's cancellation reaches all its ranks: a job's nodes
+        # are spread over the workers, and stopping them in turn would leave a job with ranks
+        # gone while the others still run (MindFormersRanksMissing after stopping)
+        for worker in self.workers:
+            if worker.stdin is not None:
+                with suppress(OSError):
+                    worker.stdin.close()
+                worker.stdin = None   # closed: communicate() below only reads
+        for index, worker in enumerate(self.workers):
+            # a worker that never became ready has no entry in self.ready
+            ready = self.ready[index] if index < len(self.ready) else {}
             try:
                 out, _ = worker.communicate(timeout=timeout)
                 self.done += [{**ready, **json.loads(line)} for line in out.splitlines()
@@ -202,61 +255,78 @@ class Simulation:
         self.workers = []
 
 
-# ---------------------------------------------------------------- pages
+# ---------------------------------------------------------------- what was notified
 @dataclass
-class Page:
-    """The firings of one alert (alertname, job_name, rank) as notified."""
+class IncidentCheck:
+    """What the webhook received about one incident's job."""
 
-    key: tuple[str, str, str | None]
-    severity: str
-    starts: set[str] = field(default_factory=set)   # distinct startsAt: each one a firing
-    first_received: float = math.inf
-
-
-def collect_pages(alerts: Iterable[Any], prefix: str) -> dict[tuple, Page]:
-    """Firing alerts of the simulated jobs (ReceivedAlert-like: labels, starts_at, received_at)."""
-    pages: dict[tuple, Page] = {}
-    for alert in alerts:
-        labels = alert.labels
-        if alert.status != "firing" or not labels.get("job_name", "").startswith(prefix + "-"):
-            continue
-        key = (labels.get("alertname", ""), labels["job_name"], labels.get("rank"))
-        page = pages.setdefault(key, Page(key, labels.get("severity", "")))
-        page.starts.add(alert.starts_at)
-        page.first_received = min(page.first_received, alert.received_at)
-    return pages
-
-
-@dataclass
-class PageCheck:
     expected: Expected
-    firings: int
-    delay: float | None             # seconds from the fault to the first notification
+    notifications: int = 0          # firing webhook calls about the job
+    alertnames: tuple[str, ...] = ()
+    ranks: tuple[str, ...] = ()     # ranks named by them ("" for a job-level alert)
+    delay: float | None = None      # seconds from the fault to the first call
+    bytes: int = 0                  # of those calls
 
     @property
     def ok(self) -> bool:
-        return self.firings == 1 and self.delay is not None and self.delay <= self.expected.deadline
+        e = self.expected
+        return (self.notifications == 1 and self.alertnames == (e.alertname,)
+                and self.ranks == (e.ranks or ("",)) and self.delay is not None
+                and self.delay <= e.deadline)
 
 
-def check_pages(expected: list[Expected], pages: Mapping[tuple, Page],
-                fault_time: float) -> tuple[list[PageCheck], list[Page]]:
-    """Each expected page once within its deadline; and every page nobody expected."""
+def _firing(notification: Notification, prefix: str) -> list[Any]:
+    return [a for a in notification.alerts
+            if a.firing and a.labels.get("job_name", "").startswith(prefix + "-")]
+
+
+def new_after(received: Sequence[Notification], stopped: float,
+              prefix: str) -> list[Notification]:
+    """The notifications from `stopped` on that page for an alert (job, name, rank) no
+    notification before paged: Alertmanager's update of an incident whose ranks resolve one by
+    one (the others still listed as firing) is that incident ending, not a page."""
+    def keys(n: Notification) -> set[tuple[str, str, str]]:
+        return {(a.labels.get("job_name", ""), a.alertname, a.labels.get("rank", ""))
+                for a in _firing(n, prefix)}
+    paged = set().union(*(keys(n) for n in received if n.received_at < stopped))
+    return [n for n in received if n.received_at >= stopped and keys(n) - paged]
+
+
+def check_notifications(expected: list[Expected], received: Iterable[Notification],
+                        fault_time: float, prefix: str
+                        ) -> tuple[list[IncidentCheck], list[Notification]]:
+    """Each incident against the firing notifications about its job; and every notification
+    about a simulated job that has no incident (a false page)."""
+    by_job: dict[str, list[Notification]] = {}
+    for notification in received:
+        for job in {a.labels["job_name"] for a in _firing(notification, prefix)}:
+            by_job.setdefault(job, []).append(notification)
     checks = []
     for item in expected:
-        page = pages.get(item.key)
-        checks.append(PageCheck(item, len(page.starts) if page else 0,
-                                page.first_received - fault_time if page else None))
-    wanted = {item.key for item in expected}
-    return checks, [page for key, page in sorted(pages.items(), key=str) if key not in wanted]
+        calls = by_job.get(item.job_name, [])
+        alerts = [a for call in calls for a in _firing(call, prefix)
+                  if a.labels["job_name"] == item.job_name]
+        checks.append(IncidentCheck(
+            item, len(calls), tuple(sorted({a.alertname for a in alerts})),
+            tuple(sorted({a.labels.get("rank", "") for a in alerts}, key=_rank_order)),
+            min(c.received_at for c in calls) - fault_time if calls else None,
+            sum(c.bytes for c in calls)))
+    wanted = {item.job_name for item in expected}
+    false = [call for job, calls in sorted(by_job.items()) if job not in wanted for call in calls]
+    return checks, false
+
+
+def _rank_order(rank: str) -> tuple[int, str]:
+    return (int(rank), "") if rank.isdigit() else (-1, rank)
 
 
 class AlertmanagerPoller:
-    """Polls an Alertmanager's active, unsilenced, uninhibited alerts of the simulated jobs
-    (for a stack that notifies somewhere we cannot see): first seen stands for received."""
+    """Polls an Alertmanager's active, unsilenced, uninhibited alerts of the simulated jobs:
+    what it would notify, seen before `group_wait` is over (so never a delay measurement)."""
 
     def __init__(self, url: str, prefix: str, every: float = 2.0) -> None:
         self.url, self.prefix, self.every = url.rstrip("/"), prefix, every
-        self.seen: list[Any] = []
+        self.seen: set[tuple[str, str, str]] = set()   # (job_name, alertname, rank)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mfotel-sim-am", daemon=True)
 
@@ -269,12 +339,11 @@ class AlertmanagerPoller:
                     alerts = json.loads(r.read().decode())
             except (OSError, ValueError):
                 continue
-            now = time.time()
-            self.seen += [argparse.Namespace(labels=a["labels"], status="firing",
-                                             starts_at=a["startsAt"], received_at=now)
-                          for a in alerts]
+            self.seen |= {(a["labels"].get("job_name", ""), a["labels"].get("alertname", ""),
+                           a["labels"].get("rank", "")) for a in alerts
+                          if a["labels"].get("severity") != "info"}
 
-    def __enter__(self) -> "AlertmanagerPoller":
+    def __enter__(self) -> AlertmanagerPoller:
         self._thread.start()
         return self
 
@@ -290,69 +359,84 @@ class SimResult:
     jobs: list[SimJob]
     start_time: float
     fault_time: float
-    checks: list[PageCheck] = field(default_factory=list)      # notifications received
-    unexpected: list[Page] = field(default_factory=list)
-    api_checks: list[PageCheck] = field(default_factory=list)  # Alertmanager's active alerts
-    api_unexpected: list[Page] = field(default_factory=list)
+    checks: list[IncidentCheck] = field(default_factory=list)   # notifications received
+    unexpected: list[Notification] = field(default_factory=list)
+    after_stop: list[Notification] = field(default_factory=list)  # pages caused by stopping
+    active_in_alertmanager: list[tuple[str, str, str]] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
     prometheus: dict[str, float] = field(default_factory=dict)           # the checks' Prometheus
     shipped_prometheus: dict[str, float] = field(default_factory=dict)   # shipped rules/intervals
     firing_in_prometheus: list[dict[str, str]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
-    checked: bool = True            # False: no Alertmanager to check, `checks` is the schedule
+    checked: bool = True            # False: no webhook received anything to check
 
     @property
     def ok(self) -> bool:
-        return self.checked and all(c.ok for c in self.checks) and not self.unexpected
+        return (self.checked and all(c.ok for c in self.checks) and not self.unexpected
+                and not self.after_stop)
 
 
 def run_simulation(settings: SimSettings) -> SimResult:
-    """Run the scenario once. With `with_stack`, against a local Prometheus + Alertmanager and
-    a webhook receiver (`checks`); with `alertmanager_url` (or the local one), also polling
-    Alertmanager's API for its active, uninhibited alerts (`api_checks`)."""
+    """Run the scenario once. The checks read the notifications a webhook received: the local
+    stack's (`with_stack`: Prometheus, Alertmanager and the receiver on loopback), or
+    `webhook` (HOST:PORT) where your Alertmanager sends the simulated jobs' notifications.
+    `alertmanager_url` (or the local one) is also polled for its active, uninhibited alerts."""
     own_dir = settings.workdir is None
     workdir = Path(settings.workdir or tempfile.mkdtemp(prefix="mfotel-sim-"))
     workdir.mkdir(parents=True, exist_ok=True)
     file_sd_dir = settings.file_sd_dir or workdir / "targets"
     stack = SimStack(workdir, file_sd_dir / "*.json", settings.interval, settings.rules_config(),
                      settings.shipped_cost) if settings.with_stack else None
+    webhook = None
+    if stack is None and settings.webhook:
+        host, _, port = settings.webhook.rpartition(":")
+        webhook = CountingReceiver(host or "127.0.0.1", int(port))
     am_config = yaml.safe_load(shipped_files()["alertmanager"])
-    sim = Simulation(settings, workdir, stack.group_wait if stack else
-                     lambda labels: route_setting(am_config, labels, "group_wait", "30s"))
+    group_wait = stack.group_wait if stack else (
+        lambda labels: route_setting(am_config, labels, "group_wait", "30s"))
+    sim = Simulation(settings, workdir, group_wait)
     say, probes, poll_url = settings.on_progress, [], settings.alertmanager_url
+    result: SimResult | None = None
     try:
         if stack is not None:
             stack.start()
+            assert stack.prometheus is not None and stack.alertmanager is not None
             probes = [PrometheusProbe(p) for p in (stack.prometheus, stack.shipped) if p]
             poll_url = poll_url or stack.alertmanager.url
+            webhook = stack.receiver
             say(f"Prometheus {stack.prometheus.url}, Alertmanager {stack.alertmanager.url}, "
                 f"receiver {stack.receiver.url}")
+        elif webhook is not None:
+            webhook.start()
+            say(f"webhook {webhook.url}: route the jobs {settings.prefix}-* of your "
+                f"Alertmanager there (no authentication: it only records)")
         sim.start()
         say(f"{sum(r['ready'] for r in sim.ready)} ranks serve /metrics from {len(sim.ready)} "
             f"processes; targets in {sim.file_sd_dir}")
-        with (AlertmanagerPoller(poll_url, settings.prefix) if poll_url else nullcontext()) as poller:
+        with (AlertmanagerPoller(poll_url, settings.prefix) if poll_url
+              else nullcontext()) as poller:
             start = sim.go()
             say(f"faults at +{settings.timing.fault_at:.0f}s, run ends at +{sim.duration:.0f}s")
             for item in sim.expected:
-                say(f"expect {item.alertname} job_name={item.job_name} rank={item.rank or '-'} "
-                    f"within {item.deadline:.0f}s of the faults ({item.how})")
+                say(f"expect one {item.alertname} job_name={item.job_name} "
+                    f"rank={','.join(item.ranks) or '-'} within {item.deadline:.0f}s of the "
+                    f"faults ({item.how})")
             end = start + sim.duration
             while time.time() < end:
                 time.sleep(min(10.0, max(end - time.time(), 0)))
                 for probe in probes:
-                    probe.sample()
+                    probe.try_sample()
             if settings.during_run is not None:
                 settings.during_run(sim, stack)
         result = SimResult(settings, sim.jobs, start, start + settings.timing.fault_at)
         if poller is not None:
-            result.api_checks, result.api_unexpected = check_pages(
-                sim.expected, collect_pages(poller.seen, settings.prefix), result.fault_time)
-        if stack is not None:
-            result.checks, result.unexpected = check_pages(
-                sim.expected, collect_pages(stack.receiver.received(), settings.prefix),
-                result.fault_time)
-            result.firing_in_prometheus = [r["metric"] for r in stack.prometheus.query(
-                f'ALERTS{{alertstate="firing", job_name=~"{settings.prefix}-.*"}}')]
+            result.active_in_alertmanager = sorted(poller.seen)
+        if stack is not None and stack.prometheus is not None:
+            try:   # what fired, muted or not: a busy Prometheus may not answer in time
+                result.firing_in_prometheus = [r["metric"] for r in stack.prometheus.query(
+                    f'ALERTS{{alertstate="firing", job_name=~"{settings.prefix}-.*"}}')]
+            except (OSError, RuntimeError) as error:
+                result.extra["firing_query_error"] = repr(error)
             result.prometheus = probes[0].summary()
             result.shipped_prometheus = probes[1].summary() if len(probes) > 1 else {}
             result.extra["trend"] = [   # the last probe's evolution: windows fill over time
@@ -360,14 +444,26 @@ def run_simulation(settings: SimSettings) -> SimResult:
                  "head_series": s.get("prometheus_tsdb_head_series"),
                  "evaluation_seconds": sum(v for k, v in s.items() if k.startswith("group:"))}
                 for s in probes[-1].samples]
-        elif poller is not None:
-            result.checks, result.unexpected = result.api_checks, result.api_unexpected
+        stopped = time.time()
+        sim.stop()   # every rank still up reports cancelled and lingers for its final scrape
+        if webhook is not None:
+            # what a stopped rank could raise (rank down, ranks missing), notified
+            critical = group_wait({"severity": "critical", "alertname": "MindFormersRankDown"})
+            time.sleep(quiet_seconds(settings.rules_config(), settings.interval) + critical
+                       + settings.interval)
+            received = list(webhook.notifications_seen)
+            result.checks, result.unexpected = check_notifications(
+                sim.expected, [n for n in received if n.received_at < stopped],
+                result.fault_time, settings.prefix)
+            result.after_stop = new_after(received, stopped, settings.prefix)
         else:   # nothing to check against: the schedule of what should have paged
-            result.checks, result.checked = [PageCheck(e, 0, None) for e in sim.expected], False
+            result.checks, result.checked = [IncidentCheck(e) for e in sim.expected], False
     finally:
         sim.stop()
         if stack is not None:
             stack.stop()
+        elif webhook is not None:
+            webhook.stop()
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)
     result.workers = sim.done
@@ -383,22 +479,26 @@ def format_report(result: SimResult) -> str:
                else ",".join(map(str, job.fault_ranks)))
         lines.append(f"  {job.name}: {job.world_size} ranks, {job.fault} (ranks {hit})")
     if not result.checked:
-        lines.append("not checked (no --with-stack, no --alertmanager-url); expected, from the "
-                     "faults:")
-    lines.append("| expected alert | job | rank | firings | delay | deadline | ok |")
-    lines.append("|---|---|---|---|---|---|---|")
+        lines.append("not checked (no --with-stack, no --webhook); expected, from the faults:")
+    lines.append("| incident | expected alert | ranks named | notifications | delay | deadline "
+                 "| webhook bytes | ok |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for check in result.checks:
         e = check.expected
         delay = "-" if check.delay is None else f"{check.delay:.1f}s"
         verdict = ("yes" if check.ok else "NO") if result.checked else "?"
-        lines.append(f"| {e.alertname} | {e.job_name} | {e.rank or '-'} | {check.firings} | "
-                     f"{delay} | {e.deadline:.0f}s | {verdict} |")
+        named = ",".join(check.ranks) if check.notifications else "-"
+        lines.append(f"| {e.job_name} | {e.alertname} ({','.join(e.ranks) or 'job'}) | "
+                     f"{named or 'job'} | {check.notifications} | {delay} | {e.deadline:.0f}s | "
+                     f"{check.bytes} | {verdict} |")
     if not result.checked:
         return "\n".join(lines)
-    lines.append(f"unexpected notifications: {len(result.unexpected)}")
-    for page in result.unexpected:
-        lines.append(f"  {page.key[0]} job_name={page.key[1]} rank={page.key[2]} "
-                     f"({page.severity}, {len(page.starts)} firing(s))")
+    lines.append(f"false notifications: {len(result.unexpected)}; after stopping: "
+                 f"{len(result.after_stop)}")
+    for notification in [*result.unexpected, *result.after_stop]:
+        for alert in _firing(notification, s.prefix):
+            lines.append(f"  {alert.alertname} job_name={alert.labels.get('job_name')} "
+                         f"rank={alert.labels.get('rank', '-')} ({alert.labels.get('severity')})")
     return "\n".join(lines)
 
 
@@ -408,7 +508,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--processes", type=int, default=0,
                         help=f"worker processes (default: one per {RANKS_PER_WORKER} ranks)")
-    parser.add_argument("--prefix", default="sim", help="job names are PREFIX-main, PREFIX-nan, ...")
+    parser.add_argument("--prefix", default="sim",
+                        help="job names are PREFIX-main, PREFIX-nan, ...")
     parser.add_argument("--seed", type=int, default=0, help="picks the faulty ranks and the noise")
     parser.add_argument("--cardinality", choices=("full", "health"), default="full")
     parser.add_argument("--step-seconds", type=float, default=1.0, help="a job's step period")
@@ -430,8 +531,15 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--with-stack", action="store_true",
                         help="run Prometheus, Alertmanager and a webhook receiver on loopback "
                              "with the shipped configs and check every notification")
+    parser.add_argument("--webhook", default=None, metavar="HOST:PORT",
+                        help="without --with-stack: receive your Alertmanager's notifications "
+                             "of the simulated jobs here (a webhook_configs url "
+                             "http://HOST:PORT/alerts) and check them")
     parser.add_argument("--alertmanager-url", default=None,
-                        help="without --with-stack: check this Alertmanager's active alerts")
+                        help="also list this Alertmanager's active, uninhibited alerts")
+    parser.add_argument("--node-agents", action="store_true",
+                        help="also serve a node agent endpoint per node (one target per "
+                             "--ranks-per-node ranks), as mfotel-instrument does")
     parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON")
     return parser
 
@@ -449,7 +557,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         timing=Timing(step_seconds=args.step_seconds, warmup_seconds=args.warmup),
         host=args.host, advertise=args.advertise, port=args.port, file_sd_dir=args.file_sd_dir,
         interval=args.interval, rules=rules, with_stack=args.with_stack,
-        alertmanager_url=args.alertmanager_url,
+        alertmanager_url=args.alertmanager_url, webhook=args.webhook, node_agents=args.node_agents,
         on_progress=lambda text: print(f"mfotel simulate: {text}", file=sys.stderr, flush=True))
 
 
@@ -474,7 +582,7 @@ def run_simulate_command(args: argparse.Namespace) -> int:
     print(format_report(result))
     if args.json:
         args.json.write_text(json.dumps(asdict(result), default=str, indent=1))
-    checked = settings.with_stack or settings.alertmanager_url
+    checked = settings.with_stack or settings.webhook
     return 0 if not checked or result.ok else 1
 
 
@@ -490,7 +598,8 @@ def add_simulate_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = add_simulate_arguments(argparse.ArgumentParser(prog="python -m mfotel.cluster.simulation.run"))
+    parser = add_simulate_arguments(
+        argparse.ArgumentParser(prog="python -m mfotel.cluster.simulation.run"))
     return run_simulate_command(parser.parse_args(argv))
 
 

@@ -1,39 +1,47 @@
 """The simulated cluster, pure: jobs and their faults, the training model, the expected pages.
 
-A simulation of N ranks is one large healthy job with a straggler in it, beside five small
-jobs, one per fault, so that Alertmanager's shipped inhibition (a job's critical alert mutes
-its warnings) cannot hide one fault behind another:
+A simulation of N ranks is one large job with an input-bound straggler in it, beside small
+jobs, one per fault, so that Alertmanager's inhibitions (a job's critical alert mutes its
+warnings) cannot hide one fault behind another. The jobs train as synchronous data-parallel
+jobs do (docs/alerting.md, "Job-level truth"): every rank leaves each step's collective
+together, so a rank's timed step is the job's step period minus its own time outside the step
+(input, host work between steps); the others wait for the slowest inside their steps.
 
-| job | nodes | at the fault time | expected notification |
-|---|---|---|---|
-| `<prefix>-main` | the rest | one rank's step time x1.8 | `MindFormersStragglerRank` for that rank |
-| `<prefix>-nan` | 1 | one rank's loss (and grad norm) NaN from then on | `MindFormersLossNotFinite` for that rank |
-| `<prefix>-rank-down` | 1 | one rank's process dies (its port closes) | `MindFormersRankDown` for that rank |
-| `<prefix>-node-stall` | 2 | every rank of its second node stops stepping, endpoints up | `MindFormersTrainingStalled` for those ranks |
-| `<prefix>-complete` | 1 | the last step: status completed, final scrape, exit | nothing |
-| `<prefix>-cancel` | 1 | cancelled (SIGTERM): final status, final scrape, exit | nothing (status cancelled), else the status 3 alert |
+Each job (nodes), what happens at the fault time, and the one notification it must cause:
 
-Ranks of a job step in lock step (data parallel): the job's step period is the slowest rank's
-compute plus a synchronisation share. The straggler's timed step is its own compute (the wait
-of the others falls outside their timed step), so its own step time stands out while the job
-as a whole slows down (x1.64, above the throughput-drop threshold of 0.5).
+- `<prefix>-main` (the rest): one rank waits 0.5 s for its input before each step (outside
+  it), the others wait for it inside theirs: `MindFormersStragglerRank` naming that rank.
+- `<prefix>-compute` (1): one rank computes 8x slower, every rank's step is 8x longer:
+  `MindFormersThroughputDrop` for the job, no rank named.
+- `<prefix>-nan` (1): one rank's loss and grad norm go NaN; every other rank's grad norm at
+  that step, its loss from the next: `MindFormersLossNotFinite` naming that rank.
+- `<prefix>-rank-down` (1): one rank's process dies (its port closes), the others stay
+  inside the next step: `MindFormersRankDown` naming that rank (the stall is muted); with a
+  node agent per node, the agent's `MindFormersRankExited` naming it and its signal
+  (RankDown is muted where the agent reports the rank).
+- `<prefix>-hang` (2): the ranks of its second node hang between steps, the others wait
+  inside the next step: `MindFormersTrainingStalled` naming the hung ranks.
+- `<prefix>-complete` (1): the last step, status completed, final scrape, exit: nothing.
+- `<prefix>-cancel` (1): cancelled (SIGTERM), final status, final scrape, exit: nothing.
+
+When the simulation stops, every rank still up reports cancelled and lingers for its final
+scrape, as `OTelMonitor` does on SIGTERM: stopping it pages nobody.
 """
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from ... import contract
-from ...alerting.rules import RulesConfig
+from ...alerting.rules import RulesConfig, duration_seconds
 from ...contract import STATUS_FAILED
-from ...alerting.rules import duration_seconds
 
 FAULT_JOBS: tuple[tuple[str, int], ...] = (   # (fault, nodes); the main job takes the rest
-    ("nan", 1), ("rank_down", 1), ("node_stall", 2), ("complete", 1), ("cancel", 1))
-JOB_SUFFIX = {"straggler": "main", "nan": "nan", "rank_down": "rank-down",
-              "node_stall": "node-stall", "complete": "complete", "cancel": "cancel"}
+    ("compute", 1), ("nan", 1), ("rank_down", 1), ("hang", 2), ("complete", 1), ("cancel", 1))
+JOB_SUFFIX = {"input": "main", "compute": "compute", "nan": "nan", "rank_down": "rank-down",
+              "hang": "hang", "complete": "complete", "cancel": "cancel"}
 #: Status a cancelled rank reports: the contract's own "cancelled" value when it has one.
 STATUS_CANCELLED: int = getattr(contract, "STATUS_CANCELLED", STATUS_FAILED)
 
@@ -41,7 +49,7 @@ STATUS_CANCELLED: int = getattr(contract, "STATUS_CANCELLED", STATUS_FAILED)
 @dataclass(frozen=True)
 class SimJob:
     name: str
-    fault: str                      # straggler (main job), nan, rank_down, node_stall, ...
+    fault: str                      # input (main job), compute, nan, rank_down, hang, ...
     first_node: int                 # global index of its first node
     nodes: int
     ranks_per_node: int
@@ -72,8 +80,9 @@ class Timing:
     """Seconds. The fault time is `startup + warmup` after the start."""
 
     step_seconds: float = 1.0       # a healthy job's step period
-    compute_share: float = 0.8      # of the period, the timed step; the rest is synchronisation
-    straggler_factor: float = 1.8   # the straggler's timed step over a healthy rank's
+    outside_seconds: float = 0.02   # a rank's host time between steps (input, callbacks)
+    input_wait_seconds: float = 0.5  # the input-bound straggler's extra wait before each step
+    compute_factor: float = 8.0     # the compute-bound straggler's step over a healthy one's
     startup_seconds: float = 5.0    # status 0 (graph compilation) before the first step
     warmup_seconds: float = 60.0    # healthy running before the faults
     linger_seconds: float = 30.0    # completed / cancelled ranks wait this long for a scrape
@@ -100,11 +109,11 @@ def plan_jobs(ranks: int, ranks_per_node: int = 8, prefix: str = "sim",
                          f"the {fault_nodes} fault nodes; use at least {need} ranks")
     rng = random.Random(seed)
     jobs, node = [], 0
-    for fault, nodes in (("straggler", main_nodes), *FAULT_JOBS):
+    for fault, nodes in (("input", main_nodes), *FAULT_JOBS):
         size = nodes * ranks_per_node
         if fault in ("complete", "cancel"):
             hit: tuple[int, ...] = tuple(range(size))
-        elif fault == "node_stall":
+        elif fault == "hang":
             hit = tuple(range(ranks_per_node, 2 * ranks_per_node))    # its second node
         else:
             hit = (rng.randrange(size),)
@@ -155,18 +164,18 @@ class TrainingModel:
 
 @dataclass
 class JobClock:
-    """When the job's steps end: lock step, period = slowest compute + synchronisation."""
+    """When the job's steps end: lock step (every rank leaves the collective together), the
+    period stretched by `slow_factor` from `slow_from` on (a straggler)."""
 
     start: float                    # unix time the first step begins
     timing: Timing
     slow_from: float = math.inf     # unix time the straggler slows the job down
+    slow_factor: float = 1.0
     _ends: list[float] = field(default_factory=list)
 
     def period(self, at: float) -> float:
-        t = self.timing
-        if at >= self.slow_from:
-            return t.step_seconds * (t.compute_share * t.straggler_factor + 1 - t.compute_share)
-        return t.step_seconds
+        step = self.timing.step_seconds
+        return step * self.slow_factor if at >= self.slow_from else step
 
     def step_end(self, step: int) -> float:
         """Unix time global step `step` (1-based) ends."""
@@ -183,63 +192,80 @@ class JobClock:
         return step
 
 
+def slow_factor(job: SimJob, timing: Timing) -> float:
+    """How much longer the job's steps are once its straggler slows it: an input wait adds
+    to every rank's period (the others wait for it), a slow device multiplies it."""
+    if job.fault == "input":
+        return 1 + timing.input_wait_seconds / timing.step_seconds
+    if job.fault == "compute":
+        return timing.compute_factor
+    return 1.0
+
+
 # ---------------------------------------------------------------- what should page
 @dataclass(frozen=True)
 class Expected:
-    """A notification a fault must cause: for `rank` (None: job-level) within `deadline` s."""
+    """The one notification an incident must cause: `alertname` naming `ranks` (empty: the
+    job, a job-level alert) within `deadline` s of the fault."""
 
     alertname: str
     job_name: str
-    rank: str | None
+    ranks: tuple[str, ...]
     severity: str
     deadline: float
     how: str                        # the delay's terms, for the report
 
-    @property
-    def key(self) -> tuple[str, str, str | None]:
-        return (self.alertname, self.job_name, self.rank)
-
 
 def expected_pages(jobs: list[SimJob], timing: Timing, rules: RulesConfig, interval: float,
                    group_wait: Callable[[Mapping[str, str]], float],
-                   slack: float | None = None) -> list[Expected]:
-    """The notifications the faults of `jobs` must cause, each with its documented delay.
+                   slack: float | None = None, node_agents: bool = False) -> list[Expected]:
+    """The notification each fault must cause, with its documented delay. With
+    `node_agents`, a dead rank is paged by its node agent's MindFormersRankExited (no `for:`).
 
     Delays count from the fault: one scrape to see it, one rule evaluation, the rule's own
-    threshold and `for:`, then Alertmanager's `group_wait` for the alert's route. `slack`
-    (default: two intervals + 5 s) covers notification sending and a loaded machine.
+    threshold, windows and `for:`, then Alertmanager's `group_wait` for the alert's route.
+    `slack` (default: two intervals + 5 s) covers notification sending and a loaded machine.
     """
     slack = 2 * interval + 5.0 if slack is None else slack
     seconds = duration_seconds
     found: list[Expected] = []
 
-    def add(name: str, job: SimJob, rank: int | None, severity: str, terms: dict[str, float]) -> None:
+    def add(name: str, job: SimJob, ranks: tuple[int, ...], severity: str,
+            terms: dict[str, float]) -> None:
         labels = {"alertname": name, "job_name": job.name, "severity": severity}
         terms = {"scrape": interval, "evaluation": interval, **terms,
                  "group_wait": group_wait(labels)}
         how = " + ".join(f"{k} {v:g}s" for k, v in terms.items()) + f" (+ slack {slack:g}s)"
-        found.append(Expected(name, job.name, None if rank is None else str(rank), severity,
+        found.append(Expected(name, job.name, tuple(str(r) for r in ranks), severity,
                               sum(terms.values()) + slack, how))
 
     for job in jobs:
-        for rank in job.fault_ranks:
-            if job.fault == "nan":
-                add("MindFormersLossNotFinite", job, rank, "critical", {})
-            elif job.fault == "rank_down":
-                add("MindFormersRankDown", job, rank, "critical",
-                    {"for": seconds(rules.rank_down_for)})
-            elif job.fault == "node_stall":
-                threshold = max(rules.stall_seconds, rules.stall_step_factor * timing.step_seconds)
-                add("MindFormersTrainingStalled", job, rank, "critical",
-                    {"threshold": threshold, "last change scraped": interval,
-                     "for": seconds(rules.stall_for)})
-            elif job.fault == "straggler":
-                add("MindFormersStragglerRank", job, rank, "warning",
-                    {"1m mean window": 60.0, "recording rule": interval,
-                     "for": seconds(rules.straggler_for)})
-            elif job.fault == "cancel" and STATUS_CANCELLED == STATUS_FAILED:
-                # without a cancelled status, a cancelled rank reports "failed or stopped"
-                add("MindFormersTrainingFailed", job, rank, "warning", {"final scrape": interval})
+        if job.fault == "input":
+            add("MindFormersStragglerRank", job, job.fault_ranks, "warning",
+                {"1m rate window": 60.0, "recording rule": interval,
+                 "for": seconds(rules.straggler_for)})
+        elif job.fault == "compute":
+            add("MindFormersThroughputDrop", job, (), "warning",
+                {"rate window": seconds(rules.throughput_window),
+                 "for": seconds(rules.throughput_drop_for)})
+        elif job.fault == "nan":
+            # named once every rank of the job was scraped past the first non-finite step
+            add("MindFormersLossNotFinite", job, job.fault_ranks, "critical",
+                {"every rank scraped past it": interval + timing.step_seconds})
+        elif job.fault == "rank_down" and node_agents:
+            add("MindFormersRankExited", job, job.fault_ranks, "critical", {})
+        elif job.fault == "rank_down":
+            add("MindFormersRankDown", job, job.fault_ranks, "critical",
+                {"for": seconds(rules.rank_down_for)})
+        elif job.fault == "hang":
+            threshold = max(rules.stall_seconds, rules.stall_step_factor * timing.step_seconds)
+            add("MindFormersTrainingStalled", job, job.fault_ranks, "critical",
+                {"threshold": threshold, "last change scraped": interval,
+                 "for": seconds(rules.stall_for)})
+        elif job.fault == "cancel" and STATUS_CANCELLED == STATUS_FAILED:
+            # without a cancelled status, a cancelled rank reports "failed or stopped"
+            add("MindFormersTrainingFailed", job, job.fault_ranks, "warning",
+                {"final scrape": interval})
     return found
 
 

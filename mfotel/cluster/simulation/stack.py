@@ -12,17 +12,19 @@ import re
 import statistics
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ...alerting.receiver import AlertsReceiver
 from ...alerting.rules import RulesConfig, duration_seconds, write_rules
-from ...assets import alertmanager_files, write_files
-from ...demo.alerting import AlertingStack, operator_alertmanager_config
-from ...demo.stack import Alertmanager, Prometheus, http_get_json
+from ...alerting.webhook import ReceivedAlert
+from ...localstack.alerting import AlertingStack
+from ...localstack.servers import Prometheus, http_get_json
 
 FILE_SD_JOB = "mindformers-file-sd"
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')
@@ -60,7 +62,8 @@ def _route_matches(route: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
         if hit == op.startswith("!"):
             return False
     return (all(labels.get(k, "") == v for k, v in route.get("match", {}).items())
-            and all(re.fullmatch(v, labels.get(k, "")) for k, v in route.get("match_re", {}).items()))
+            and all(re.fullmatch(v, labels.get(k, ""))
+                    for k, v in route.get("match_re", {}).items()))
 
 
 def route_setting(config: Mapping[str, Any], labels: Mapping[str, str], key: str,
@@ -73,6 +76,32 @@ def route_setting(config: Mapping[str, Any], labels: Mapping[str, str], key: str
         if child is None:
             return duration_seconds(value)
         route, value = child, child.get(key, value)
+
+
+# ---------------------------------------------------------------- the webhook
+@dataclass
+class Notification:
+    """One webhook call: when it arrived, its size, its alerts."""
+
+    received_at: float
+    bytes: int
+    alerts: list[ReceivedAlert]
+
+
+class CountingReceiver(AlertsReceiver):
+    """The alerts receiver, also keeping every notification's arrival and size (what a
+    pager's webhook receives, after Alertmanager's `group_wait`). It only records: no
+    control directory, no authentication (synthetic data; it binds where it is told,
+    loopback by default)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(host=host, port=port, out=None, err=None)
+        self.notifications_seen: list[Notification] = []
+
+    def handle_body(self, body: bytes) -> list[ReceivedAlert]:
+        alerts = super().handle_body(body)
+        self.notifications_seen.append(Notification(time.time(), len(body), alerts))
+        return alerts
 
 
 # ---------------------------------------------------------------- the stack
@@ -91,6 +120,7 @@ class SimStack(AlertingStack):
     def __init__(self, workdir: Path, file_sd: Path, interval: float, rules: RulesConfig,
                  shipped_cost: bool = False) -> None:
         super().__init__(targets=[], interval_seconds=interval, out=None, workdir=workdir)
+        self.receiver: CountingReceiver = CountingReceiver()
         self.file_sd, self.interval_seconds, self.rules = file_sd, interval, rules
         self.am_config = yaml.safe_load(self.files["alertmanager"])
         self.shipped_cost = shipped_cost
@@ -99,18 +129,13 @@ class SimStack(AlertingStack):
     def group_wait(self, labels: Mapping[str, str]) -> float:
         return route_setting(self.am_config, labels, "group_wait", "30s")
 
-    def start(self) -> "SimStack":
+    def start(self) -> SimStack:
         try:
-            self.receiver.start()
-            am_dir = self.workdir / "alertmanager"
-            write_files(alertmanager_files(), am_dir)  # the templates beside the config
-            self.alertmanager = Alertmanager(
-                operator_alertmanager_config(self.files["alertmanager"], self.receiver.url),
-                workdir=am_dir).start()
+            alertmanager = self.start_alertmanager()
             rule_files = write_rules(self.workdir / "prometheus", self.rules)
             self.prometheus = Prometheus(
                 prometheus_config(self.files["prometheus"], self.file_sd,
-                                  f"127.0.0.1:{self.alertmanager.port}", self.interval_seconds,
+                                  f"127.0.0.1:{alertmanager.port}", self.interval_seconds,
                                   [p.name for p in rule_files]),
                 workdir=self.workdir / "prometheus").start()
             if self.shipped_cost:
@@ -139,6 +164,16 @@ class PrometheusProbe:
 
     prometheus: Prometheus
     samples: list[dict[str, float]] = field(default_factory=list)
+    missed: int = 0                 # samples a busy Prometheus did not answer in time
+
+    def try_sample(self) -> dict[str, float] | None:
+        """`sample()`, or None (counted in `missed`) when Prometheus does not answer: a busy
+        machine delays its self-measurement, it must not end the run being measured."""
+        try:
+            return self.sample()
+        except (OSError, ValueError, KeyError):
+            self.missed += 1
+            return None
 
     def sample(self) -> dict[str, float]:
         with urllib.request.urlopen(f"{self.prometheus.url}/metrics", timeout=10) as response:
@@ -172,6 +207,7 @@ class PrometheusProbe:
             latest[key] = statistics.median(values)
             latest["max_" + key] = max(values)
         latest["peak_rss_bytes"] = max(s.get("peak_rss_bytes", 0) for s in self.samples)
+        latest["missed_samples"] = self.missed
         first = self.samples[0]
         if len(self.samples) > 1 and "process_cpu_seconds_total" in first:
             # CPU share over the run: unlike evaluation wall times, not inflated by a busy machine

@@ -53,6 +53,36 @@
     return `${(seconds / 3600).toFixed(1)} h ago`;
   }
 
+  // One clock for every age on the page: this rank's (the `now` of its last answer), advanced
+  // by the browser's monotonic clock since that answer arrived. The header and the ranks
+  // table then agree, whatever the browser's own clock says, and keep counting after the
+  // run's endpoint is gone.
+  const clock = { server: null, at: 0 };
+  function serverNow() {
+    if (clock.server === null) return Date.now() / 1000;
+    return clock.server + (performance.now() - clock.at) / 1000;
+  }
+
+  // Elements showing an age carry the unix time it counts from (data-since) and a prefix;
+  // all are rewritten together, from the same instant.
+  function showAge(node, since, prefix, none) {
+    if (since === null || since === undefined) {
+      delete node.dataset.since;
+      node.textContent = none;
+      return;
+    }
+    node.dataset.since = String(since);
+    node.dataset.prefix = prefix;
+    renderAges();
+  }
+
+  function renderAges() {
+    const now = serverNow();
+    for (const node of document.querySelectorAll("[data-since]")) {
+      node.textContent = node.dataset.prefix + ago(Math.max(now - Number(node.dataset.since), 0));
+    }
+  }
+
   // ------------------------------------------------------------------ data
   // A series arrives as base64 of little-endian float64 (NaN where not recorded or not
   // finite); uPlot draws a gap at null.
@@ -92,6 +122,10 @@
     }
     state.marksDropped = data.marks_dropped;
     state.current = data.current;
+    if (data.current && typeof data.current.now === "number") {
+      clock.server = data.current.now;
+      clock.at = performance.now();
+    }
   }
 
   async function poll() {
@@ -267,8 +301,11 @@
     progress.hidden = c.progress === null;
     progress.value = c.progress || 0;
     $("progress-text").textContent = c.progress === null ? "" : `${(100 * c.progress).toFixed(1)}%`;
-    const age = c.last_step_timestamp === null ? null : Math.max(c.now - c.last_step_timestamp, 0);
-    $("updated").textContent = age === null ? "no step yet" : `last step ${ago(age)}`;
+    // this rank's row of the ranks table counts from the same, freshest, last step
+    for (const cell of document.querySelectorAll(".self-age")) {
+      if (c.last_step_timestamp !== null) cell.dataset.since = String(c.last_step_timestamp);
+    }
+    showAge($("updated"), c.last_step_timestamp, "last step ", "no step yet");
     const note = $("note-step_time");
     if (note) {
       const offScale = firstStepOffScale() !== null;
@@ -285,12 +322,20 @@
       `updated every ${POLL_MS / 1000} s. Served by mfotel on this rank's /metrics port.`;
   }
 
+  // A loss / grad norm that is NaN/Inf at this step, or still is (as /metrics shows it):
+  // "NaN", "Inf" or "-Inf"; undefined when finite.
+  function nonfinite(c, key) {
+    return (c.nonfinite_now && c.nonfinite_now[key]) ||
+      (c.nonfinite_values && c.nonfinite_values[key]);
+  }
+
   function renderCurrent(c) {
-    const now = c.nonfinite_now || {};
+    const loss = nonfinite(c, "loss");
+    const norm = nonfinite(c, "grad_norm");
     const cards = [
-      card("loss", now.loss || fmt(c.loss), Boolean(now.loss) || c.loss_finite === 0),
+      card("loss", loss || fmt(c.loss), Boolean(loss) || c.loss_finite === 0),
       card("learning rate", fmt(c.learning_rate)),
-      card("grad norm", now.grad_norm || fmt(c.grad_norm), Boolean(now.grad_norm)),
+      card("grad norm", norm || fmt(c.grad_norm), Boolean(norm)),
       card("throughput (samples/s)", fmt(c.throughput)),
       card("step time (s)", fmt(c.step_time)),
       card("non-finite loss steps", String(c.nonfinite_total.loss || 0), c.nonfinite_total.loss > 0),
@@ -350,6 +395,16 @@
     setTimeout(pollOverview, OVERVIEW_MS);
   }
 
+  // The age of a rank's last step; this rank's own row takes it from this page's freshest
+  // answer (the overview's copy may be a fan-out older), so it reads as the header does.
+  function ageCell(r) {
+    const self = state.current && r.rank === state.current.rank;
+    const since = self && state.current.last_step_timestamp !== null
+      ? state.current.last_step_timestamp : r.last_step_timestamp;
+    if (!since) return el("td", { text: "–" });
+    return el("td", { class: self ? "self-age" : "", "data-since": String(since), "data-prefix": "" });
+  }
+
   function renderOverview(data) {
     const note = $("overview-note");
     if (!data.enabled) {
@@ -358,7 +413,7 @@
       if (link) note.append(": ", el("a", { href: link, text: link }));
       return;
     }
-    const refreshed = data.refreshed ? `refreshed ${ago(Date.now() / 1000 - data.refreshed)}` :
+    const refreshed = data.refreshed ? `refreshed ${ago(Math.max(serverNow() - data.refreshed, 0))}` :
       "fetching the other ranks…";
     note.textContent = (data.note ? data.note + ". " : "") + refreshed +
       `; at most every ${Math.max(data.next_refresh_seconds, 2).toFixed(0)} s (2% CPU budget on this rank).`;
@@ -366,23 +421,24 @@
     const rows = data.ranks.map((r) => {
       const name = r.error ? "unreachable" : r.status_name || "unknown";
       counts[name] = (counts[name] || 0) + 1;
-      const nan = (r.nonfinite_now && r.nonfinite_now.loss) || r.loss_finite === 0;
+      const loss = nonfinite(r, "loss");
+      const nan = Boolean(loss) || r.loss_finite === 0;
       const link = rankLink(r.url);
-      const age = r.last_step_timestamp ? Date.now() / 1000 - r.last_step_timestamp : null;
       const row = el("tr", { class: (nan ? "bad " : "") + (state.current && r.rank === state.current.rank ? "self" : "") },
         el("td", {}, link ? el("a", { href: link, text: String(r.rank) }) : String(r.rank)),
         el("td", {}, el("span", { class: `status status-${name.split(" ")[0]}`, text: name })),
         el("td", { text: fmt(r.step) }),
-        el("td", { text: nan ? (r.nonfinite_now && r.nonfinite_now.loss) || "NaN/Inf" : fmt(r.loss) }),
-        el("td", { text: (r.nonfinite_now && r.nonfinite_now.grad_norm) || fmt(r.grad_norm) }),
+        el("td", { text: nan ? loss || "NaN/Inf" : fmt(r.loss) }),
+        el("td", { text: nonfinite(r, "grad_norm") || fmt(r.grad_norm) }),
         el("td", { text: fmt(r.step_time) }),
         el("td", { text: fmt(r.throughput) }),
-        el("td", { text: age === null ? "–" : ago(Math.max(age, 0)) }),
+        ageCell(r),
         el("td", { text: r.error || (r.first_nonfinite_step !== null && r.first_nonfinite_step !== undefined
           ? `first NaN/Inf at step ${r.first_nonfinite_step}` : "") }));
       return row;
     });
     $("overview-rows").replaceChildren(...rows);
+    renderAges();
     $("overview-table").hidden = rows.length === 0;
     const world = state.current ? state.current.world_size : "?";
     $("overview-counts").textContent = `${data.ranks.length} of ${world} ranks: ` +
@@ -392,6 +448,7 @@
   async function start() {
     await poll();
     pollOverview();
+    setInterval(renderAges, 1000); // ages keep counting between answers and after the last
   }
   start();
 })();

@@ -1,0 +1,203 @@
+"""A real msrun job with one fault, watched by a real Prometheus and Alertmanager with the
+shipped configs (the job-level tests): which rank do the alerts and the notifications name?
+
+    with FaultyJob(tmp_path, "input", ranks=2) as job:
+        job.wait_alert("MindFormersStragglerRank", timeout=300)
+        job.notifications("MindFormersStragglerRank")
+
+The stack is the simulator's (`mfotel.cluster.simulation.stack.SimStack`): the shipped
+prometheus.yml (its file_sd job pointed at the file rank 0 writes), alertmanager.yml (only the
+webhook URL changed) and rules generated with `JOB_RULES` (every `for:` and window shortened,
+thresholds as shipped), scraped and evaluated every second.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from mfotel.alerting.rules import RulesConfig
+from mfotel.alerting.webhook import ReceivedAlert
+from mfotel.cluster.simulation.stack import SimStack
+from tests.support.multirank import (
+    VENV_BIN,
+    child_env,
+    free_port,
+    free_port_block,
+    read_json,
+    start,
+    stop,
+)
+from tests.support.paths import ROOT
+from tests.support.waiting import settle, wait_for
+
+SCRIPT = ROOT / "tests" / "support" / "scripts" / "faulty_dp.py"
+#: The shipped thresholds with every `for:` and look-back shortened to seconds (a rank's
+#: /metrics can miss a 1 s scrape on a loaded machine: rank down waits 20 s; a stall, as
+#: shipped, takes longer than rank down).
+JOB_RULES = RulesConfig(
+    stall_seconds=40, stall_for="3s", rank_down_for="20s", ranks_missing_for="20s",
+    straggler_for="10s", grad_norm_nonfinite_for="5s", nonfinite_settle="10s",
+    loss_spike_for="10s", grad_norm_spike_for="10s", loss_divergence_for="10s",
+    overflow_storm_for="10s", step_drift_for="10s", checkpoint_for="10s",
+    throughput_window="20s", throughput_baseline_window="1m", throughput_drop_for="5s",
+    failed_lookback="5m")
+INTERVAL = 1.0
+
+
+class FaultyJob:
+    """msrun running tests/support/scripts/faulty_dp.py (`fault` on rank `fault_rank`), the stack,
+    and what the alerts said. Stops everything it started."""
+
+    def __init__(self, workdir: Path, fault: str, ranks: int = 2, fault_rank: int = 1,
+                 job_name: str = "jt", fast_path: bool = False, join: bool = True,
+                 rules: RulesConfig = JOB_RULES, env: dict[str, str] | None = None,
+                 **options: Any) -> None:
+        """`join=False`: msrun starts the job and returns, leaving the ranks alone (with
+        `--join=True` it SIGKILLs every rank as soon as one exits with an error). `env`: more
+        environment for msrun and its ranks (MindSpore's own settings, e.g. MS_NODE_TIMEOUT)."""
+        self.workdir, self.fault, self.ranks = workdir, fault, ranks
+        self.fault_rank, self.job_name, self.fast_path = fault_rank, job_name, fast_path
+        self.join, self.options, self.env = join, options, env or {}
+        self.port = 0
+        self.truth = workdir / "truth"
+        self.targets = workdir / "targets" / "job.json"
+        self.rules = rules
+        self.stack = SimStack(workdir, workdir / "targets" / "*.json", INTERVAL, rules)
+        self.msrun: subprocess.Popen | None = None
+        self.started = 0.0
+
+    # ------------------------------------------------------------ lifecycle
+    def __enter__(self) -> FaultyJob:
+        self.stack.start()
+        try:
+            self._launch()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _launch(self) -> None:
+        self.port = port = free_port_block(self.ranks)
+        args = ["--fault", self.fault, "--fault-rank", str(self.fault_rank), "--port", str(port),
+                "--job-name", self.job_name, "--file-sd", str(self.targets),
+                "--truth-dir", str(self.truth)]
+        if self.fast_path:
+            args += ["--alertmanager-url", self.stack.alertmanager.url]
+        for key, value in self.options.items():
+            flag = "--" + key.replace("_", "-")
+            args += [flag] if value is True else [flag, str(value)]
+        command = [str(VENV_BIN / "msrun"), f"--worker_num={self.ranks}",
+                   f"--local_worker_num={self.ranks}", "--master_addr=127.0.0.1",
+                   f"--master_port={free_port()}", f"--join={self.join}",
+                   f"--log_dir={self.workdir / 'msrun-logs'}", str(SCRIPT), *args]
+        self.started = time.time()
+        self.msrun = start(command, child_env(**self.env), self.workdir / "msrun.log", self.workdir)
+
+    def pids(self) -> dict[int, int]:
+        """rank -> pid of the ranks that wrote their truth file."""
+        found = {}
+        for rank in range(self.ranks):
+            data = read_json(self.truth / f"rank_{rank}.json")
+            if data:
+                found[rank] = int(data["pid"])
+        return found
+
+    def stop(self) -> None:
+        """Cancel the ranks (SIGTERM: they report cancelled and linger), then msrun and the
+        stack; anything left after a bounded wait is killed. msrun starts each worker in its
+        own session: its own signals never reach them."""
+        pids = self._processes()   # the workers and msrun's scheduler
+        for pid in pids:
+            self._signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60   # the ranks report cancelled and linger
+        while time.monotonic() < deadline and any(self._ours(pid) for pid in pids):
+            time.sleep(0.5)
+        for pid in pids:
+            self._signal(pid, signal.SIGKILL, group=True)
+        if self.msrun is not None:
+            stop(self.msrun)
+        self.stack.stop()
+
+    def _ours(self, pid: int) -> bool:
+        """Whether `pid` runs this job's script (its port is this job's: not a reused pid)."""
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return str(SCRIPT).encode() in argv and str(self.port).encode() in argv
+
+    def _processes(self) -> set[int]:
+        return {int(entry.name) for entry in Path("/proc").iterdir()
+                if entry.name.isdigit() and self.port and self._ours(int(entry.name))}
+
+    def _signal(self, pid: int, signum: int, group: bool = False) -> None:
+        if not self._ours(pid):
+            return
+        try:
+            if group:
+                os.killpg(pid, signum)   # a worker leads its own session and process group
+            else:
+                os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    # ------------------------------------------------------------ what Prometheus says
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return self.stack.prometheus.query(expr)
+
+    def value_by_rank(self, expr: str) -> dict[str, float]:
+        return {r["metric"]["rank"]: float(r["value"][1]) for r in self.query(expr)}
+
+    def sel(self, *matchers: str) -> str:
+        return ", ".join([f'job_name="{self.job_name}"', *matchers])
+
+    def wait_running(self, timeout: float = 300, seconds: float = 0) -> None:
+        """Every rank running and scraped (for `seconds` of scrapes)."""
+        expr = f"mindformers_train_status{{{self.sel()}}} == 1"
+        if seconds:
+            expr = f"count_over_time(({expr})[{int(seconds)}s:1s]) >= {int(seconds)}"
+        wait_for(lambda: len(self.query(expr)) == self.ranks, settle(timeout), 1.0,
+                 "every rank running in Prometheus", alive=(self.msrun,) if self.join else ())
+
+    def trigger(self) -> float:
+        """Start a fault waiting for its trigger file; the unix time it did."""
+        path = Path(self.options["trigger"])
+        path.touch()
+        return path.stat().st_mtime
+
+    def firing(self, alertname: str) -> list[dict[str, str]]:
+        return [r["metric"] for r in self.query(
+            f'ALERTS{{{self.sel(f"alertname={json.dumps(alertname)}")}, alertstate="firing"}}')]
+
+    def wait_alert(self, alertname: str, timeout: float) -> list[dict[str, str]]:
+        return wait_for(lambda: self.firing(alertname), settle(timeout), 1.0, f"{alertname} firing")
+
+    def ever_fired(self, alertname: str, window: str = "30m") -> list[dict[str, str]]:
+        """Every (label set of) `alertname` that fired since the job began (within `window`)."""
+        return [r["metric"] for r in self.query(
+            f'max_over_time(ALERTS{{{self.sel(f"alertname={json.dumps(alertname)}")}, '
+            f'alertstate="firing"}}[{window}])')]
+
+    # ------------------------------------------------------------ what was notified
+    def notifications(self, alertname: str | None = None) -> list[list[ReceivedAlert]]:
+        """The firing notifications about the job (optionally with `alertname`), each as the
+        list of its alerts: one webhook call each."""
+        calls: dict[tuple[str, float], list[ReceivedAlert]] = {}
+        for alert in self.stack.receiver.received(
+                lambda a: a.firing and a.labels.get("job_name") == self.job_name):
+            if alertname is None or alert.alertname == alertname:
+                calls.setdefault((alert.group_key, alert.received_at), []).append(alert)
+        return [calls[key] for key in sorted(calls, key=lambda k: k[1])]
+
+    def wait_notified(self, alertname: str, timeout: float) -> list[ReceivedAlert]:
+        wait_for(lambda: self.notifications(alertname), settle(timeout), 1.0,
+                 f"a notification of {alertname}")
+        return self.notifications(alertname)[0]

@@ -1,0 +1,1 @@
+"""Fast tests: no MindSpore training, no external servers (`make test-fast`)."""

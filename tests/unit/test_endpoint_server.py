@@ -1,0 +1,194 @@
+"""The endpoint server's rules over real sockets: whose connection makes room, the per-client
+share, the room kept for requests, the header deadline, request bodies and what is drained.
+
+/metrics-level behaviour (the flood, slowloris, TLS) is in test_endpoint_limits.py; here a
+plain WSGI app runs on `mfotel.endpoint.server.Server` directly.
+"""
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+
+import pytest
+
+from mfotel.endpoint.server import Limits, Server
+from tests.support.idle_flood import closed_by_peer
+from tests.support.waiting import settle, wait_for
+
+
+def echo(environ, start_response):
+    """Answers with the request body it reads (POST), or "ok"; /ignore reads nothing."""
+    body = b"ok"
+    if environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] != "/ignore":
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    start_response("200 OK", [("Content-Type", "application/octet-stream")])
+    return [body]
+
+
+@pytest.fixture
+def server():
+    """A factory of started servers, closed after the test."""
+    started: list[Server] = []
+
+    def start(app=echo, **limits) -> Server:
+        started.append(Server(app, "127.0.0.1", 0, limits=Limits(**limits)).start())
+        return started[-1]
+    yield start
+    for each in started:
+        each.close()
+
+
+def idle(port: int, source: str, count: int = 1) -> list[socket.socket]:
+    """Connections from `source` that never send a byte (each connected before the next)."""
+    sockets = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10,
+                                        source_address=(source, 0))
+        sock.setblocking(False)  # closed_by_peer must not wait
+        sockets.append(sock)
+        time.sleep(0.02)  # admitted in this order
+    return sockets
+
+
+def opened(server: Server, count: int) -> bool:
+    return bool(wait_for(lambda: server.open_connections == count, settle(10), 0.05))
+
+
+def test_a_flood_closes_its_own_connections_not_a_lone_client(server):
+    srv = server(max_connections=6, request_timeout=60)
+    lone = idle(srv.port, "127.0.0.3")                  # e.g. a scraper between two requests
+    flood = idle(srv.port, "127.0.0.2", 5)
+    more = idle(srv.port, "127.0.0.4", 3)               # three more clients arrive
+    try:
+        assert opened(srv, 6)
+        # the victims are the oldest connections of the client holding the most
+        wait_for(lambda: all(closed_by_peer(s) for s in flood[:3]), settle(10), 0.05)
+        assert not any(closed_by_peer(s) for s in [*lone, *flood[3:], *more])
+        assert srv.evicted == 3
+    finally:
+        for sock in [*lone, *flood, *more]:
+            sock.close()
+
+
+def test_one_client_holds_at_most_its_share(server):
+    srv = server(max_connections=10, max_connections_per_client=3, request_timeout=60)
+    mine = idle(srv.port, "127.0.0.2", 5)
+    other = idle(srv.port, "127.0.0.3", 2)
+    try:
+        assert opened(srv, 5)
+        wait_for(lambda: all(closed_by_peer(s) for s in mine[:2]), settle(10), 0.05)
+        assert not any(closed_by_peer(s) for s in [*mine[2:], *other])
+    finally:
+        for sock in [*mine, *other]:
+            sock.close()
+
+
+def test_waiting_connections_leave_the_reserved_places_free(server):
+    gate = threading.Event()
+
+    def slow(environ, start_response):
+        gate.wait(10)
+        return echo(environ, start_response)
+
+    srv = server(slow, max_connections=4, reserved=1, request_timeout=60)
+    waiting = [s for i in range(4) for s in idle(srv.port, f"127.0.0.{10 + i}")]
+    busy = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    late: list[socket.socket] = []
+    try:
+        # waiting connections (no request head yet) hold at most 4 - 1 places
+        assert opened(srv, 3) and wait_for(lambda: closed_by_peer(waiting[0]), settle(10), 0.05)
+        busy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # a request: at the app
+        late = [s for i in range(3) for s in idle(srv.port, f"127.0.0.{20 + i}")]
+        assert opened(srv, 4)  # 3 waiting + the request
+        assert wait_for(lambda: all(closed_by_peer(s) for s in waiting), settle(10), 0.05)
+        assert not any(closed_by_peer(s) for s in late)
+        gate.set()  # the request was never closed for a newcomer: it is answered
+        assert busy.recv(1 << 16).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        gate.set()
+        for sock in [*waiting, *late, busy]:
+            sock.close()
+
+
+def test_at_the_cap_with_every_place_at_the_app_a_newcomer_is_closed_at_once(server):
+    gate = threading.Event()
+
+    def slow(environ, start_response):
+        gate.wait(10)
+        return echo(environ, start_response)
+
+    srv = server(slow, max_connections=2, workers=2)
+    busy = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(2)]
+    try:
+        for sock in busy:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert opened(srv, 2) and wait_for(lambda: srv._workers is not None, settle(5), 0.05)
+        time.sleep(0.2)  # both requests are at the app
+        newcomer = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        wait_for(lambda: closed_by_peer(newcomer), settle(10), 0.05)
+        assert srv.refused == 1 and srv.open_connections == 2
+        gate.set()
+        assert all(s.recv(1 << 16).startswith(b"HTTP/1.1 200 OK") for s in busy)
+    finally:
+        gate.set()
+        for sock in busy:
+            sock.close()
+
+
+def test_the_header_deadline_is_shorter_than_the_request_deadline(server):
+    srv = server(header_timeout=0.5, request_timeout=30)
+    silent = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    slow_body = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    try:
+        slow_body.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+        started = time.monotonic()
+        wait_for(lambda: closed_by_peer(silent), settle(10), 0.05)
+        assert time.monotonic() - started < 5 and srv.timed_out == 1
+        time.sleep(1.0)  # past the header deadline: a body may take the request deadline
+        slow_body.sendall(b"cd")
+        assert slow_body.recv(1 << 16).endswith(b"\r\n\r\nabcd")
+    finally:
+        silent.close()
+        slow_body.close()
+
+
+def test_a_body_is_read_by_the_app_and_expect_100_continue_is_honoured(server):
+    srv = server()
+    body = bytes(range(256)) * 4096  # 1 MiB
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    conn.request("POST", "/", body)
+    reply = conn.getresponse()
+    assert reply.status == 200 and reply.read() == body
+    conn.close()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                     b"Expect: 100-continue\r\n\r\n")
+        assert sock.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n"  # before the body is sent
+        sock.sendall(b"hello")
+        assert sock.recv(1 << 16).endswith(b"\r\n\r\nhello")
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_the_app_ignores_is_drained_so_the_client_reads_the_answer(server, chunked):
+    srv = server(drain_bytes=8 << 20)
+    body = b"x" * (4 << 20)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    if chunked:
+        conn.request("POST", "/ignore", iter([body[:1 << 20]] * 4), encode_chunked=True)
+    else:
+        conn.request("POST", "/ignore", body)
+    reply = conn.getresponse()  # a reset would raise here
+    assert reply.status == 200 and reply.read() == b"ok"
+    conn.close()
+
+
+def test_a_body_beyond_the_drain_budget_is_cut_off(server):
+    srv = server(drain_bytes=1 << 20)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    with pytest.raises(ConnectionError):  # the server read 1 MiB of 64, then closed
+        conn.request("POST", "/ignore", b"x" * (64 << 20))
+        conn.getresponse().read()
+    conn.close()
+    assert wait_for(lambda: srv.open_connections == 0, settle(10), 0.05)

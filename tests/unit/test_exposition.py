@@ -1,0 +1,178 @@
+"""/metrics serving: formats, compression, and the collection/render caches."""
+from __future__ import annotations
+
+import gzip
+import math
+import socket
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from mfotel.endpoint.exposition import Router
+from tests.support.endpoint import request
+from tests.support.http import get
+from tests.support.metrics import samples, value
+from tests.support.otlp_receiver import OtlpReceiver, by_name
+from tests.support.waiting import settle
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+@pytest.fixture
+def served(port, rank_exporters):
+    exporter = rank_exporters({"metrics": ["loss"],
+                               "prometheus": {"host": "127.0.0.1", "port": port}}, job_name="expo")
+    exporter.instruments.set_native("weight_norm", 2.5, {"param": "w"})
+    return exporter.telemetry, exporter.instruments
+
+
+def test_openmetrics_has_one_eof_and_parses(served):
+    telemetry, inst = served
+    inst.state.loss = 1.5
+    inst.touch()
+    reply = get(telemetry.endpoint.url,
+                headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    headers, body = reply.headers, reply.body
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.count(b"# EOF") == 1 and body.endswith(b"# EOF\n")
+    names = {f.name for f in parse_om(body.decode())}
+    assert {"mindformers_train_loss", "mindformers_train_weight_norm", "target"} <= names
+
+
+def _loss_and_norm(url: str) -> dict[str, list[tuple[float, float]]]:
+    """format -> [(loss, grad norm)] of one scrape in each format, read with prometheus_client's
+    own parsers (one value each: the list catches a duplicate sample)."""
+    found: dict[str, list[tuple[float, float]]] = {}
+    for name, accept, parse in (("text", "text/plain", parse_text),
+                                ("openmetrics", OPENMETRICS, parse_om)):
+        reply = get(url, headers={"Accept": accept})
+        assert reply.headers["Content-Type"].startswith(accept.split(";")[0])
+        values = {f.name: [s.value for s in f.samples] for f in parse(reply.text)}
+        found[name] = list(zip(values["mindformers_train_loss"],
+                               values["mindformers_train_grad_norm"], strict=True))
+    return found
+
+
+def _same(got: tuple[float, float], expected: tuple[float, float]) -> bool:
+    return all(math.isnan(e) and math.isnan(g) or g == e
+               for g, e in zip(got, expected, strict=True))
+
+
+def test_loss_and_grad_norm_are_exposed_as_they_are_and_pushed_last_finite(port, rank_exporters):
+    """NaN, +Inf and -Inf reach /metrics in both formats (the OTel SDK drops them: the exposition
+    puts them back at collection), also before any finite value; the OTLP push keeps the last
+    finite value, as docs/otel.md says."""
+    nan, inf = float("nan"), float("inf")
+    with OtlpReceiver() as receiver:
+        exporter = rank_exporters({"metrics": ["loss", "grad_norm"],
+                                   "prometheus": {"host": "127.0.0.1", "port": port},
+                                   "otlp": {"endpoint": receiver.url, "interval_seconds": 60}},
+                                  job_name="as-is")
+        st = exporter.state
+        for loss, norm in ((nan, inf), (1.5, 2.0), (inf, nan), (-inf, -inf), (0.5, nan)):
+            st.loss, st.grad_norm = loss, norm
+            exporter.instruments.touch()
+            for fmt, values in _loss_and_norm(exporter.url).items():
+                assert len(values) == 1 and _same(values[0], (loss, norm)), (fmt, values)
+        text = get(exporter.url).text
+        assert 'mindformers_train_loss{job_name="as-is",rank="0"} 0.5' in text
+        assert 'mindformers_train_grad_norm{job_name="as-is",rank="0"} NaN' in text
+        st.grad_norm = -inf
+        exporter.instruments.touch()
+        om = get(exporter.url, headers={"Accept": OPENMETRICS}).text
+        assert 'mindformers_train_grad_norm{job_name="as-is",rank="0"} -Inf' in om
+        exporter.shutdown()  # the final push, sent before shutdown returns
+        assert receiver.wait(lambda r: r.requests, settle())
+    pushed = by_name(receiver.requests[-1])
+    assert [p.value for p in pushed["mindformers.train.loss"]] == [0.5]
+    assert [p.value for p in pushed["mindformers.train.grad_norm"]] == [2.0]  # last finite
+
+
+def test_gzip_body_equals_plain_body(served):
+    telemetry, inst = served
+    inst.state.loss = 0.25
+    inst.touch()
+    plain = get(telemetry.endpoint.url).body
+    reply = get(telemetry.endpoint.url, headers={"Accept-Encoding": "gzip"})
+    packed = reply.body
+    assert reply.headers["Content-Encoding"] == "gzip"
+
+    def steady(body: bytes) -> list[bytes]:  # process_* are re-read once a second
+        return [line for line in body.splitlines() if not line.startswith(b"process_")]
+    assert steady(gzip.decompress(packed)) == steady(plain)
+
+
+def test_values_change_only_through_a_new_version(served):
+    telemetry, inst = served
+    inst.state.loss = 1.0
+    inst.touch()
+    first = samples(get(telemetry.endpoint.url).text)
+    inst.state.loss = 2.0  # not touched: a scrape serves the cached collection
+    assert value(samples(get(telemetry.endpoint.url).text), "mindformers_train_loss") == 1.0
+    inst.touch()
+    again = samples(get(telemetry.endpoint.url).text)
+    assert value(first, "mindformers_train_loss") == 1.0
+    assert value(again, "mindformers_train_loss") == 2.0
+    assert value(again, "mindformers_train_weight_norm", param="w") == 2.5
+
+
+def test_native_recollection_is_budgeted(served):
+    telemetry, inst = served
+    native = telemetry.app.collectors[1]
+    native.budget = 1e-9  # any re-collection "costs" far more than the budget allows
+    get(telemetry.endpoint.url)
+    inst.set_native("weight_norm", 9.0, {"param": "w"})
+    body = samples(get(telemetry.endpoint.url).text)
+    assert value(body, "mindformers_train_weight_norm", param="w") == 2.5  # previous values
+    native.budget = None
+    body = samples(get(telemetry.endpoint.url).text)
+    assert value(body, "mindformers_train_weight_norm", param="w") == 9.0
+
+
+@pytest.mark.parametrize("path", ["/", "/metricsx", "/metrics/", "/favicon.ico", "/api/v1/query"])
+def test_only_documented_paths_serve_metrics(served, path):
+    telemetry, _ = served
+    reply = request(telemetry.endpoint.port, path=path)
+    assert reply.status == 404 and b"mindformers_train" not in reply.body
+    assert b"/metrics" in reply.body  # says where the metrics are
+    assert request(telemetry.endpoint.port, path="/metrics?debug=1").status == 200
+
+
+def test_head_has_the_headers_of_get_and_no_body(served):
+    telemetry, _ = served
+    get_reply = request(telemetry.endpoint.port)
+    head_reply = request(telemetry.endpoint.port, method="HEAD")
+    assert head_reply.status == 200 and head_reply.body == b""
+    assert head_reply.headers["Content-Length"] == str(len(get_reply.body))
+    assert request(telemetry.endpoint.port, method="POST").status == 405
+
+
+def test_router_prefix_entries_serve_the_paths_below_them():
+    def app(name):
+        def serve_name(environ, start_response):
+            start_response("200 OK", [])
+            return [name.encode()]
+        return serve_name
+    router = Router({"/metrics": app("metrics"), "/api/": app("api"), "/": app("page")})
+    answered = {}
+
+    def call(path):
+        body = b"".join(router({"PATH_INFO": path},
+                               lambda status, headers: answered.update(s=status)))
+        return answered["s"][:3], body
+    assert call("/api/v1/status") == ("200", b"api")
+    assert call("/") == ("200", b"page")
+    assert call("/metrics") == ("200", b"metrics")
+    assert call("/other")[0] == "404"
+
+
+def test_ipv6_loopback_host_is_served(port, rank_exporters):
+    if not socket.has_ipv6:
+        pytest.fail("this machine has no IPv6; the endpoint's IPv6 support cannot be checked")
+    exporter = rank_exporters({"metrics": ["loss"], "prometheus": {"host": "::1", "port": port}},
+                              job_name="expo6", serve=False)
+    exporter.state.loss = 3.0
+    exporter.serve()
+    assert exporter.url == f"http://[::1]:{port}/metrics"
+    assert value(samples(get(exporter.url).text), "mindformers_train_loss") == 3.0

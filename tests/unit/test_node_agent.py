@@ -1,0 +1,591 @@
+"""The node agent of `mfotel-instrument`: what it reads from /proc, how it tells the ranks from
+the other processes of a job, what its endpoint serves, how it ends.
+
+Real processes and real signals throughout: `node_agent_job.py` launches small ranks the way
+msrun does (scheduler, a session per worker, `tail -f` helpers with a worker's environment,
+forked helpers, reaping once a second, SIGKILL for the others when one fails), under the
+real `mfotel-instrument`; the node endpoint and the ranks' endpoints are scraped over HTTP.
+The msrun tests with MindSpore ranks and Prometheus are in e2e/test_node_agent_msrun.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mfotel.integrations import liveness, node_metrics, procfs
+from mfotel.integrations.node_agent import Exit, RankView, rank_info, rank_of
+from mfotel.integrations.node_service import config_argument, node_port, training_config
+from tests.support.metrics import samples, scrape
+from tests.support.multirank import ROOT, child_env, free_port_block, stop
+from tests.support.processes import running, tree
+from tests.support.waiting import settle, wait_for
+
+INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
+JOB_SCRIPT = ROOT / "tests" / "support" / "scripts" / "node_agent_job.py"
+JOB = "node-agent"
+PROBE_INTERVAL = 0.5
+
+
+# ---------------------------------------------------------------- the series (pure)
+def test_node_series_are_pinned():
+    """Names, kinds and labels as exposed: dashboards, rules and users depend on them."""
+    assert [(s.name, s.kind, s.labels) for s in node_metrics.SERIES] == [
+        ("mfotel_node_rank_info", "gauge", ("local_rank", "pid")),
+        ("mfotel_node_rank_state", "gauge", ("state",)),
+        ("mfotel_node_rank_endpoint_up", "gauge", ()),
+        ("mfotel_node_rank_endpoint_last_answer_timestamp_seconds", "gauge", ()),
+        ("mfotel_node_rank_cpu_seconds_total", "counter", ()),
+        ("mfotel_node_rank_resident_memory_bytes", "gauge", ()),
+        ("mfotel_node_rank_exit_info", "gauge", ("cause", "exit_code", "signal", "signal_name")),
+        ("mfotel_node_rank_exit_timestamp_seconds", "gauge", ()),
+    ]
+
+
+def test_exposition_of_a_live_and_an_ended_rank():
+    from prometheus_client import CollectorRegistry, generate_latest
+    views = [RankView("j", 0, 0, 100, "running", 1.5, 4096, True, 10.0, None),
+             RankView("j", 1, 1, 101, "exited", 2.0, 8192, None, 9.0,
+                      Exit(20.0, signal.SIGKILL, oom=True))]
+    registry = CollectorRegistry()
+    registry.register(node_metrics.NodeCollector(lambda: views))
+    body = samples(generate_latest(registry).decode())
+    who = {"job_name": "j", "rank": "1"}
+    assert body[("mfotel_node_rank_exit_info", frozenset({
+        **who, "cause": "oom", "exit_code": "", "signal": "9",
+        "signal_name": "SIGKILL"}.items()))] == 1
+    assert body[("mfotel_node_rank_state", frozenset({**who, "state": "exited"}.items()))] == 1
+    assert body[("mfotel_node_rank_state", frozenset({**who, "state": "running"}.items()))] == 0
+    assert body[("mfotel_node_rank_cpu_seconds_total", frozenset(who.items()))] == 2.0
+    assert body[("mfotel_node_rank_exit_timestamp_seconds", frozenset(who.items()))] == 20.0
+    # endpoint_up only while something listens; exit facts only once ended
+    assert [k for k in body if k[0] == "mfotel_node_rank_endpoint_up"] == [
+        ("mfotel_node_rank_endpoint_up", frozenset({"job_name": "j", "rank": "0"}.items()))]
+    assert [dict(k[1])["rank"] for k in body if k[0] == "mfotel_node_rank_exit_info"] == ["1"]
+
+
+@pytest.mark.parametrize("status, flags, cause, code, sig", [
+    (0, {}, "completed", 0, None),
+    (3 << 8, {}, "exit_code", 3, None),
+    (signal.SIGKILL, {}, "signal", None, 9),
+    (signal.SIGKILL, {"oom": True}, "oom", None, 9),
+    (signal.SIGTERM, {"cancelled": True}, "cancelled", None, 15),
+    (0, {"cancelled": True}, "cancelled", 0, None),
+    (None, {}, "unknown", None, None),
+])
+def test_exit_cause(status, flags, cause, code, sig):
+    done = Exit(1.0, status, **flags)
+    assert (done.cause, done.exit_code, done.signal) == (cause, code, sig)
+    assert done.failed == (cause in node_metrics.FAILED_CAUSES)
+
+
+MSRUN_WORKER = {"RANK_SIZE": "2", "RANK_ID": "1", "MS_ROLE": "MS_WORKER", "DEVICE_ID": "1",
+                "MS_NODE_ID": "1", "MS_WORKER_NUM": "2"}
+
+
+@pytest.mark.parametrize("env, expected", [
+    (MSRUN_WORKER, (1, 1)),
+    ({**MSRUN_WORKER, "MS_ROLE": "MS_SCHED", "RANK_ID": "0"}, None),  # msrun's scheduler
+    ({"MS_ROLE": "MS_WORKER", "MS_NODE_ID": "5", "DEVICE_ID": "1"}, (5, 1)),  # before RANK_ID
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}, (3, 1)),   # torchrun style
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, (2, 0)),
+    ({"PATH": "/usr/bin"}, None),                                     # msrun itself, a shell
+], ids=["msrun-worker", "msrun-scheduler", "ms-node-id", "torchrun", "mpirun", "no-rank"])
+def test_rank_of_an_environment(env, expected):
+    assert rank_of(env) == expected
+
+
+def test_rank_info_of_a_metrics_body():
+    body = (b'# HELP mindformers_train_rank_info x\nmindformers_train_rank_info{device_id="0",'
+            b'job_name="llama \\"7b\\"",local_rank="1",rank="9"} 1.0\n')
+    assert rank_info(body) == {"device_id": "0", "job_name": 'llama "7b"', "local_rank": "1",
+                               "rank": "9"}
+    assert rank_info(b"mindformers_train_loss 1\n") == {}
+
+
+# ---------------------------------------------------------------- /proc and the probe
+def test_procfs_reads_a_live_process_and_its_listening_socket():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        mine = procfs.read_stat(os.getpid())
+        assert mine is not None and mine.state in ("R", "S", "D") and mine.ppid == os.getppid()
+        assert mine.cpu_seconds > 0 and mine.rss_bytes > 10 << 20 and mine.exit_status is None
+        assert ("127.0.0.1", port) in procfs.listening_ports(os.getpid())
+        assert procfs.exe_name(os.getpid()).startswith("python")
+    assert ("127.0.0.1", port) not in procfs.listening_ports(os.getpid())
+    sleeper = subprocess.Popen(["sleep", "30"], env={"MFOTEL_TEST": "a=b", "EMPTY": ""})
+    try:  # the environment exec gave it (once exec happened)
+        wait_for(lambda: procfs.exe_name(sleeper.pid) == "sleep", settle(10), 0.25, "sleep started")
+        assert procfs.read_environ(sleeper.pid) == {"MFOTEL_TEST": "a=b", "EMPTY": ""}
+        assert procfs.exe_name(sleeper.pid) == "sleep"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the kernel's OOM-kill count of our memory cgroup (v2 memory.events or v1 oom_control)
+    files = procfs.memory_cgroup_files(os.getpid())
+    assert files and all(isinstance(c, int) for c in procfs.oom_kill_counts(files))
+
+
+def test_a_zombie_shows_its_exit_status_until_its_parent_reaps_it():
+    """What the agent reads of msrun's workers: not its children, reaped a second late."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import os; os._exit(3)'])\n"
+        "print(child.pid, flush=True); time.sleep(2); child.wait()")],
+        stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    stat = wait_for(lambda: (s := procfs.read_stat(pid)) and s.ended and s,
+                    settle(10), 0.25, "a zombie")
+    assert os.waitstatus_to_exitcode(stat.exit_status) == 3
+    parent.wait(timeout=30)
+    assert procfs.read_stat(pid) is None
+
+
+def test_a_pidfd_tells_the_exit_status_after_the_parent_reaped():
+    """What the agent reads when the launcher reaped a rank before it could read the zombie
+    (Linux 6.15+: PIDFD_INFO_EXIT)."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        "print(child.pid, flush=True); child.wait(); input()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    fd = os.pidfd_open(pid)
+    try:
+        assert procfs.pidfd_exit_status(fd) is None  # alive
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: procfs.read_stat(pid) is None, settle(10), 0.25, "reaped by its parent")
+        assert procfs.pidfd_exit_status(fd) == signal.SIGKILL
+    finally:
+        os.close(fd)
+        parent.communicate("\n", timeout=30)
+
+
+def test_liveness_probe_outcomes():
+    from prometheus_client import CollectorRegistry, start_http_server
+    port = free_port_block(3)
+    silent_port, closed_port = port + 1, port + 2
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=CollectorRegistry())
+    try:
+        answered = liveness.probe("127.0.0.1", port, "http", timeout=2.0, body=True)
+        assert (answered.outcome, answered.status) == ("answered", 200)
+        # prometheus_client refuses HEAD: a refusal is an answer too
+        assert liveness.probe("127.0.0.1", port, "http", 2.0).outcome == "answered"
+        with socket.socket() as backlog:  # listens, never accepts: the kernel queues clients
+            backlog.bind(("127.0.0.1", silent_port))
+            backlog.listen()
+            silent = liveness.probe("127.0.0.1", silent_port, "http", timeout=0.5)
+            assert silent.outcome == "silent" and 0.4 < silent.seconds < 1.5
+        assert liveness.probe("127.0.0.1", closed_port, "http", 1.0).outcome == "refused"
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+def test_a_liveness_probe_is_no_scrape_and_never_ends_a_ranks_linger():
+    """A rank lingers until a scrape has served its final values (`linger_until_scraped`):
+    the agent's probe answers 404 from a real rank endpoint and does not count; its one GET
+    of /metrics (the rank's identity) is a scrape."""
+    from tests.support.endpoint import serve
+    port = free_port_block(1)
+    telemetry, _ = serve(port)
+    try:
+        probed = liveness.probe("127.0.0.1", port, "http", timeout=5.0)
+        assert (probed.outcome, probed.status) == ("answered", 404)
+        assert not telemetry.wait_scraped(0.5)
+        identity = liveness.probe("127.0.0.1", port, "http", timeout=5.0, body=True)
+        assert identity.status == 200 and b"mindformers_train_loss" in identity.body
+        assert telemetry.wait_scraped(2.0)
+    finally:
+        telemetry.shutdown()
+
+
+def test_liveness_probe_of_endpoints_behind_basic_auth_and_mutual_tls(tmp_path):
+    """An answer without credentials is an answer: the probe needs no secret."""
+    bcrypt = pytest.importorskip("bcrypt")  # the [auth] extra, installed by bootstrap
+    from tests.support.endpoint import make_pki, serve
+    pki = make_pki(tmp_path)
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)).decode()
+    auth = tmp_path / "auth.yml"
+    auth.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    mtls = tmp_path / "mtls.yml"
+    mtls.write_text(f"tls_server_config:\n  cert_file: {pki.cert('server')}\n"
+                    f"  key_file: {pki.key('server')}\n"
+                    "  client_auth_type: RequireAndVerifyClientCert\n"
+                    f"  client_ca_file: {pki.ca}\n")
+    for web, scheme, status in ((auth, "http", 401), (mtls, "https", None)):
+        port = free_port_block(1)
+        telemetry, _ = serve(port, web_config_file=str(web))
+        try:
+            result = liveness.probe("127.0.0.1", port, scheme, timeout=5.0)
+            assert (result.outcome, result.status) == ("answered", status), web.name
+        finally:
+            telemetry.shutdown()
+
+
+# ---------------------------------------------------------------- settings
+def test_training_config_is_the_ranks_own(tmp_path, monkeypatch):
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    mindformers = tmp_path / "llama7b.yaml"
+    mindformers.write_text("run_mode: train\ncallbacks:\n  - type: MFLossMonitor\n"
+                           "  - type: OTelMonitor\n    prometheus: {port: 9500, host: 10.0.0.1}\n")
+    command = ["msrun", "--worker_num=8", "run_mindformer.py", "--config", str(mindformers)]
+    assert config_argument(command) == str(mindformers)
+    cfg = training_config(command)
+    assert (cfg.job_name, cfg.prometheus.port, cfg.prometheus.host, node_port(cfg)) == \
+        ("llama7b", 9500, "10.0.0.1", 9499)
+    # a mindformers YAML without mfotel's entry: the defaults (the ranks have no mfotel)
+    plain = tmp_path / "other.yaml"
+    plain.write_text("run_mode: train\ncallbacks:\n  - type: MFLossMonitor\n")
+    cfg = training_config(["python", "run.py", f"--config={plain}"])
+    assert (cfg.job_name, cfg.prometheus.port, node_port(cfg)) == ("mindformers", 9464, 9463)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    assert training_config(["python", "train.py"]).job_name == "from-env"
+
+
+def test_bad_options_and_configs_are_clear_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("monitor_config:\n  prometheus: {node_port: 70000}\n")
+    for args, message in (
+            (["--node-port", "x", "true"], "--node-port needs a port in 0..65535"),
+            (["--node-linger", "-1", "true"], "--node-linger needs seconds in [0"),
+            (["--node-probe-interval", "0", "true"], "--node-probe-interval needs seconds in (0"),
+            (["--config", str(bad), "true"], "monitor_config.prometheus.node_port: 70000"),
+            (["--config", str(tmp_path / "missing.yaml"), "true"], "file not found")):
+        result = subprocess.run([*INSTRUMENT, *args], capture_output=True, text=True,
+                                timeout=60, env=child_env())
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+
+
+# ---------------------------------------------------------------- the agent, end to end
+class AgentJob:
+    """`mfotel-instrument [options] node_agent_job.py` of `ranks` small ranks."""
+
+    def __init__(self, tmp: Path, ranks: int, options: list[str], linger: float = 30.0,
+                 config_job_name: str = "from-config", job_options: bool = False) -> None:
+        # `options` go to mfotel-instrument, or with `job_options` to node_agent_job.py
+        launcher_options, script_options = ([], options) if job_options else (options, [])
+        self.base = free_port_block(ranks + 1)
+        self.node_port, self.rank_port = self.base, self.base + 1  # node_port: port - 1
+        self.control = tmp / "control"
+        self.control.mkdir()
+        config = tmp / "train.yaml"
+        config.write_text(f"monitor_config:\n  job_name: {config_job_name}\n  prometheus:\n"
+                          f"    host: 127.0.0.1\n    port: {self.rank_port}\n"
+                          f"  file_sd: {{path: '{tmp}/targets/{{job_name}}.json', "
+                          f"labels: {{cluster: ci}}}}\n")
+        self.target_file = tmp / "targets" / f"{config_job_name}.node-127.0.0.1.json"
+        self.log = tmp / "agent.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [*INSTRUMENT, "--config", str(config), "--node-probe-interval",
+                 str(PROBE_INTERVAL), "--node-linger", str(linger), *launcher_options,
+                 sys.executable, str(JOB_SCRIPT), "--ranks", str(ranks), "--port",
+                 str(self.rank_port), "--job-name", JOB, "--control", str(self.control),
+                 *script_options],
+                env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pids = [int(wait_for(lambda r=r: self._pid(r),
+                                  settle(60),
+                                  0.25, f"rank {r} started",
+                                  alive=(self.process,))) for r in range(ranks)]
+        self.seen = set(tree(self.process.pid))
+
+    def _pid(self, rank: int) -> str | None:
+        path = self.control / f"pid-{rank}"
+        return path.read_text() if path.exists() and path.read_text() else None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.node_port}/metrics"
+
+    def node(self) -> dict:
+        try:
+            return samples(scrape(self.url))
+        except OSError:
+            return {}
+
+    def value(self, name: str, rank: int, **labels: str) -> float | None:
+        found = [v for (n, lab), v in self.node().items() if n == name and
+                 {("rank", str(rank)), *labels.items()} <= lab]
+        return found[0] if found else None
+
+    def state(self, rank: int) -> str | None:
+        found = [dict(lab)["state"] for (n, lab), v in self.node().items()
+                 if n == "mfotel_node_rank_state" and ("rank", str(rank)) in lab and v == 1]
+        return found[0] if found else None
+
+    def exit_info(self, rank: int) -> dict[str, str] | None:
+        found = [dict(lab) for (n, lab), v in self.node().items()
+                 if n == "mfotel_node_rank_exit_info" and ("rank", str(rank)) in lab]
+        return found[0] if found else None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def agent_job(tmp_path) -> Iterator[Any]:
+    jobs: list[AgentJob] = []
+
+    def start(ranks: int = 3, *options: str, **kwargs: Any) -> AgentJob:
+        jobs.append(AgentJob(tmp_path, ranks, list(options), **kwargs))
+        return jobs[-1]
+    yield start
+    for job in jobs:
+        (job.control / "done").write_text("")
+        leftovers = job.seen | set(tree(job.process.pid))
+        # helpers orphaned on purpose (--orphan-helpers) are no longer below the launcher
+        leftovers |= {int(text) for f in job.control.glob("helper-*")
+                      if (text := f.read_text().strip()).isdigit()}
+        stop(job.process, timeout=10)
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def until(check: Any, what: str, timeout: float = 30.0) -> Any:
+    return wait_for(check, settle(timeout), 0.1, what)
+
+
+def test_the_agent_follows_each_rank_and_not_the_other_processes_of_the_job(agent_job):
+    job = agent_job(3)
+    listed = until(lambda: len(pids := {dict(lab)["pid"] for (n, lab), _ in job.node().items()
+                                        if n == "mfotel_node_rank_info"}) == 3 and pids,
+                   "three ranks listed")
+    # the workers, not msrun's scheduler, the tails carrying a worker's environment, the
+    # launcher or the ranks' forked helpers
+    assert listed == {str(pid) for pid in job.pids}
+    until(lambda: all((job.control / f"helper-{r}").exists() for r in range(3)), "helpers")
+    time.sleep(3 * PROBE_INTERVAL)  # scans after the helpers started
+    others = [pid for pid in tree(job.process.pid) if pid not in job.pids]
+    assert len(others) >= 1 + 1 + 3 + 3  # launcher, scheduler, tails, helpers
+    assert {dict(lab)["pid"] for (n, lab), _ in job.node().items()
+            if n == "mfotel_node_rank_info"} == listed
+    for rank in range(3):
+        # named as its own endpoint names itself (rank_info), not as the config says
+        until(lambda r=rank: job.value("mfotel_node_rank_endpoint_up", r) == 1,
+              f"rank {rank} answering")
+        assert job.value("mfotel_node_rank_info", rank, job_name=JOB, local_rank=str(rank),
+                         pid=str(job.pids[rank])) == 1
+        assert job.state(rank) == "running" and job.exit_info(rank) is None
+        assert job.value("mfotel_node_rank_cpu_seconds_total", rank) > 0
+        assert job.value("mfotel_node_rank_resident_memory_bytes", rank) > 10 << 20
+        assert abs(job.value("mfotel_node_rank_endpoint_last_answer_timestamp_seconds", rank)
+                   - time.time()) < 10
+    assert "node endpoint http://127.0.0.1:" in job.output()
+    # beside the ranks' file_sd file, for Prometheus to find the node endpoint
+    assert json.loads(job.target_file.read_text()) == [
+        {"targets": [f"127.0.0.1:{job.node_port}"], "labels": {"cluster": "ci"}}]
+
+
+def test_a_stopped_rank_and_a_rank_holding_the_gil_are_alive_and_not_answering(agent_job):
+    job = agent_job(3)
+    for rank in range(3):
+        until(lambda r=rank: job.value("mfotel_node_rank_endpoint_up", r) == 1,
+              f"rank {rank} answering")
+    os.kill(job.pids[1], signal.SIGSTOP)
+    until(lambda: job.state(1) == "stopped", "rank 1 stopped")
+    until(lambda: job.value("mfotel_node_rank_endpoint_up", 1) == 0, "rank 1 silent")
+    os.kill(job.pids[1], signal.SIGCONT)
+    until(lambda: job.state(1) == "running" and
+          job.value("mfotel_node_rank_endpoint_up", 1) == 1, "rank 1 back")
+
+    hold = 8
+    (job.control / "hold-2").write_text(str(hold))
+    until(lambda: (job.control / "held-2").exists(), "rank 2 holding the GIL")
+    # its own /metrics is silent (the GIL is held), its process runs
+    with pytest.raises(TimeoutError):
+        urlopen_seconds(f"http://127.0.0.1:{job.rank_port + 2}/metrics", 1.0)
+    until(lambda: job.value("mfotel_node_rank_endpoint_up", 2) == 0, "rank 2 silent")
+    assert job.state(2) == "running" and job.exit_info(2) is None
+    until(lambda: (job.control / "released-2").exists(), "rank 2 released the GIL",
+          timeout=hold + 30)
+    until(lambda: job.value("mfotel_node_rank_endpoint_up", 2) == 1, "rank 2 answering")
+    held = float((job.control / "held-2").read_text())
+    assert float((job.control / "released-2").read_text()) - held >= hold - 0.5
+    assert all(job.state(rank) == "running" for rank in range(3))
+
+
+def urlopen_seconds(url: str, timeout: float) -> bytes:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read()
+    except OSError as exc:
+        if "timed out" in str(exc):
+            raise TimeoutError(url) from exc
+        raise
+
+
+def test_a_killed_rank_is_named_with_its_signal_before_the_launcher_kills_the_rest(agent_job):
+    """The ranks' helpers outlive them here (orphaned dataset workers, with the rank's
+    environment): they are not taken for the rank restarted."""
+    job = agent_job(3, "--orphan-helpers", linger=4.0, job_options=True)
+    until(lambda: all(job.value("mfotel_node_rank_endpoint_up", r) == 1 for r in range(3)),
+          "ranks answering (and named by their endpoints)")
+    until(lambda: (job.control / "helper-1").exists() and
+          (job.control / "helper-1").read_text(), "rank 1's helper forked")
+    os.kill(job.pids[1], signal.SIGKILL)
+    info = until(lambda: job.exit_info(1), "rank 1's exit")
+    assert info["cause"] == "signal" and info["signal"] == "9" and \
+        info["signal_name"] == "SIGKILL" and info["job_name"] == JOB
+    # the launcher SIGKILLs the others a moment later (msrun does): they end after rank 1
+    for rank in (0, 2):
+        assert until(lambda r=rank: job.exit_info(r), f"rank {rank}'s exit")["signal"] == "9"
+    ended = {r: job.value("mfotel_node_rank_exit_timestamp_seconds", r) for r in range(3)}
+    assert ended[1] < ended[0] and ended[1] < ended[2]
+    assert job.state(1) == "exited"
+    helper = int((job.control / "helper-1").read_text())
+    assert running(helper)  # orphaned, alive, and not listed as rank 1
+    assert job.value("mfotel_node_rank_info", 1, pid=str(job.pids[1])) == 1
+    assert job.value("mfotel_node_rank_info", 1, pid=str(helper)) is None
+    # the job ended (launcher: 1); scraped, the agent lingers with the final facts, then
+    # exits as the command did
+    ended_at = until(lambda: not any(running(pid) for pid in job.pids) and time.monotonic(),
+                     "every rank gone")
+    assert job.exit_info(1)["signal"] == "9"
+    assert job.process.wait(timeout=30) == 1
+    assert time.monotonic() - ended_at > 2.0
+    assert "stays up 4 s for the final scrapes" in job.output()
+    assert job.node() == {}
+
+
+def test_an_exit_code_is_reported_and_a_second_signal_ends_the_linger(agent_job):
+    job = agent_job(2, linger=300.0)
+    until(lambda: job.state(1) == "running" and job.node(), "rank 1 running")
+    (job.control / "exit-1").write_text("3")
+    info = until(lambda: job.exit_info(1), "rank 1's exit")
+    assert (info["cause"], info["exit_code"], info.get("signal", "")) == ("exit_code", "3", "")
+    until(lambda: "stays up 300 s" in job.output(), "the linger")
+    job.process.send_signal(signal.SIGTERM)
+    assert job.process.wait(timeout=30) == 1  # the command's status, at once
+
+
+def test_a_cancel_passed_on_is_no_failure(agent_job):
+    job = agent_job(2, linger=300.0)
+    until(lambda: all(job.state(r) == "running" for r in range(2)), "ranks running")
+    job.process.send_signal(signal.SIGTERM)
+    for rank in range(2):
+        info = until(lambda r=rank: job.exit_info(r), f"rank {rank}'s exit")
+        assert (info["cause"], info["signal"]) == ("cancelled", "15")
+    until(lambda: "stays up 300 s" in job.output(), "the linger")
+    job.process.send_signal(signal.SIGTERM)
+    assert job.process.wait(timeout=30) == -signal.SIGTERM
+    assert not any(running(pid) for pid in job.pids)
+
+
+def test_killing_the_agent_leaves_the_ranks_training_and_serving(agent_job):
+    job = agent_job(2)
+    until(lambda: job.value("mfotel_node_rank_endpoint_up", 1) == 1, "rank 1 answering")
+    job.process.send_signal(signal.SIGKILL)
+    job.process.wait(timeout=30)
+    steps = []
+    for _ in range(2):
+        time.sleep(1.0)
+        for rank in range(2):
+            body = samples(scrape(f"http://127.0.0.1:{job.rank_port + rank}/metrics"))
+            steps.append((rank, sum(v for (n, _), v in body.items()
+                                    if n == "mindformers_train_steps_total")))
+    assert all(running(pid) for pid in job.pids)
+    assert steps[2][1] > steps[0][1] and steps[3][1] > steps[1][1]  # both still stepping
+    assert job.node() == {}
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[tuple[Path, str]]:
+    """A memory cgroup of the test's own, below this process's (v1 or v2), removed after;
+    (its folder, the name of its limit file)."""
+    files = procfs.memory_cgroup_files(os.getpid())
+    assert files, "no memory cgroup found for this process in /proc/self/cgroup"
+    parent = files[0].parent
+    limit = "memory.limit_in_bytes" if files[0].name == "memory.oom_control" else "memory.max"
+    folder = parent / f"mfotel-oom-test-{os.getpid()}"
+    try:
+        folder.mkdir()
+    except OSError as exc:
+        pytest.skip(f"the OOM test needs a memory cgroup it may create ({parent}: "
+                    f"{exc.strerror}); it runs as root on cgroup v1 or delegated v2")
+    try:
+        yield folder, limit
+    finally:
+        deadline = time.monotonic() + 10
+        while folder.exists() and time.monotonic() < deadline:
+            for pid in (folder / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                folder.rmdir()
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_a_rank_killed_by_the_oom_killer_is_told_from_kill_9(agent_job, memory_cgroup):
+    """A real OOM kill: rank 1 is moved into a memory cgroup with a limit and exceeds it; the
+    kernel SIGKILLs it and counts an oom_kill there. Rank 0, killed by msrun-like SIGKILL
+    after it, is "signal"."""
+    folder, limit = memory_cgroup
+    job = agent_job(2)
+    until(lambda: all(job.value("mfotel_node_rank_endpoint_up", r) == 1 for r in range(2)),
+          "ranks answering")
+    (folder / "cgroup.procs").write_text(str(job.pids[1]))
+    rss = procfs.read_stat(job.pids[1]).rss_bytes
+    (folder / limit).write_text(str(rss + (64 << 20)))
+    time.sleep(2 * PROBE_INTERVAL + 0.5)  # a scan sees the rank in its new cgroup
+    (job.control / "alloc-1").write_text("256")
+    info = until(lambda: job.exit_info(1), "rank 1's exit")
+    assert (info["cause"], info["signal"], info["signal_name"]) == ("oom", "9", "SIGKILL")
+    assert procfs.oom_kill_count(folder / files_name(limit)) >= 1
+    assert until(lambda: job.exit_info(0), "rank 0's exit")["cause"] == "signal"
+
+
+def files_name(limit: str) -> str:
+    return "memory.oom_control" if limit == "memory.limit_in_bytes" else "memory.events"
+
+
+def test_a_job_nobody_scraped_ends_without_lingering(agent_job):
+    job = agent_job(2, linger=300.0)
+    wait_for(job.target_file.exists, settle(30), 0.25, "the node's target file")
+    (job.control / "done").write_text("")
+    assert job.process.wait(timeout=60) == 0
+    assert "stays up" not in job.output()
+    assert not job.target_file.exists()  # removed with the endpoint
+
+
+def test_a_failing_agent_is_dropped_and_the_job_runs_on(tmp_path):
+    """Whatever the observer of the supervisor raises, the command runs to its end and
+    mfotel-instrument exits as it did."""
+    script = tmp_path / "failing.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        from mfotel.integrations import supervise
+
+        class Failing:
+            def started(self, pid): raise RuntimeError("no pidfd today")
+            def reaped(self, pid, status): raise AssertionError("dropped after started")
+            def cancelling(self): pass
+            def ended(self): raise AssertionError("dropped after started")
+            def close(self): pass
+
+        supervise.run([sys.executable, "-c", "import time; time.sleep(0.5); exit(7)"],
+                      dict(os.environ), observer=Failing())
+        """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=60, env=child_env())
+    assert result.returncode == 7, result.stderr
+    assert result.stderr.count("the node agent failed (RuntimeError: no pidfd today)") == 1

@@ -1,0 +1,198 @@
+"""The promtool tests `mfotel assets` writes beside the rules: rendered for the same `--set`
+settings, they pass the real `promtool test rules` against the rules of those settings (and
+the tests of the defaults fail against changed rules, so they do follow the settings)."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mfotel.alerting import rule_tests
+from mfotel.alerting.rule_tests import RuleTestError, evaluate, human, render_rule_tests
+from mfotel.alerting.rules import RulesConfig
+from mfotel.cli import main
+from mfotel.localstack.servers import find_binary
+from tests.support.paths import ROOT
+
+#: Every threshold and duration of RulesConfig: key -> (moved one way, moved the other).
+MOVED = {
+    "stall_seconds": ("1800", "600"),
+    "stall_step_factor": ("20", "5"),
+    "step_interval_window": ("2h", "30m"),
+    "stall_for": ("5m", "1m"),
+    "rank_down_lookback": ("2h", "30m"),
+    "rank_down_for": ("5m", "1m"),
+    "failed_lookback": ("30m", "10m"),
+    "loss_spike_factor": ("2", "1.2"),
+    "loss_spike_window": ("1h", "15m"),
+    "loss_spike_for": ("5m", "1m"),
+    "grad_norm_spike_factor": ("10", "3"),
+    "grad_norm_spike_window": ("2h", "30m"),
+    "grad_norm_spike_for": ("5m", "1m"),
+    "throughput_drop_ratio": ("0.3", "0.7"),
+    "throughput_window": ("10m", "3m"),
+    "throughput_baseline_window": ("2h", "30m"),
+    "throughput_drop_for": ("15m", "5m"),
+    "straggler_wait_ratio": ("0.2", "0.05"),
+    "slowest_wait_ratio": ("0.05", "0.005"),
+    "straggler_for": ("15m", "5m"),
+    "overflow_storm_ratio": ("0.3", "0.7"),
+    "overflow_window": ("10m", "3m"),
+    "overflow_storm_for": ("10m", "2m"),
+    "ranks_missing_for": ("10m", "2m"),
+    "rank_unresponsive_for": ("20m", "5m"),
+    "loss_divergence_window": ("30m", "5m"),
+    "loss_divergence_tolerance": ("0.3", "0.8"),
+    "loss_divergence_for": ("30m", "10m"),
+    "step_drift_seconds": ("300", "60"),
+    "step_drift_for": ("10m", "2m"),
+    "checkpoint_max_age_seconds": ("3600", "10800"),
+    "checkpoint_interval_factor": ("2", "4"),
+    "checkpoint_rate_window": ("30m", "10m"),
+    "checkpoint_for": ("10m", "2m"),
+    "nonfinite_window": ("10m", "3m"),
+    "nonfinite_settle": ("3m", "30s"),
+    "grad_norm_nonfinite_for": ("3m", "30s"),
+}
+LOOSER = {key: values[0] for key, values in MOVED.items()}
+STRICTER = {key: values[1] for key, values in MOVED.items()}
+SETTINGS = {
+    "defaults": {},
+    "looser": LOOSER,
+    "stricter": STRICTER,
+    "one-threshold": {"stall_seconds": "1800"},
+    "selector": {"selector": 'cluster="a", instance=~".+"',
+                 "runbook_base_url": "https://wiki.example.org/runbook"},
+}
+
+
+def promtool() -> str:
+    path = find_binary(("promtool",))
+    if path is None:
+        pytest.fail("promtool not found on PATH; install it: apt-get install prometheus")
+    return path
+
+
+def assets(out: Path, settings: dict[str, str]) -> Path:
+    sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    assert main(["assets", "--out", str(out), *sets]) == 0
+    return out / "prometheus" / "tests"
+
+
+def promtool_test(tests_dir: Path) -> subprocess.CompletedProcess[str]:
+    files = sorted(str(p) for p in tests_dir.glob("*.yml"))
+    assert len(files) == len(rule_tests.templates())
+    return subprocess.run([promtool(), "test", "rules", *files], capture_output=True, text=True,
+                          cwd=tests_dir, timeout=300)
+
+
+def test_the_changed_settings_move_every_threshold():
+    """A new RulesConfig field is moved in both directions here, so its tests must follow it."""
+    fields = {f.name for f in dataclasses.fields(RulesConfig)}
+    assert set(MOVED) == fields - {"selector", "runbook_base_url"}
+
+
+def test_every_rule_covered_by_the_tests_has_a_template():
+    assert set(rule_tests.templates()) == {p.name for p in (ROOT / "prometheus" / "tests").glob(
+        "*.yml")}
+
+
+def test_the_repository_copies_are_the_rendered_defaults():
+    for name, text in render_rule_tests().items():
+        assert (ROOT / "prometheus" / "tests" / name).read_text() == text, \
+            f"prometheus/tests/{name} is stale: run `make assets`"
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_assets_writes_rule_tests_that_promtool_passes(name, tmp_path):
+    tests_dir = assets(tmp_path, SETTINGS[name])
+    done = promtool_test(tests_dir)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.stdout.count("SUCCESS") == len(rule_tests.templates())
+    header = (tests_dir / "stall-down-failed.yml").read_text().splitlines()[0]
+    for key in SETTINGS[name]:
+        assert f"{key}=" in header and "${" not in (tests_dir / "checkpoints.yml").read_text()
+
+
+def test_the_rendered_tests_follow_the_settings(tmp_path):
+    """The defaults' tests fail against rules with a later stall threshold: the tests that
+    pass there are the ones rendered for it."""
+    default_tests = assets(tmp_path / "default", {})
+    changed = assets(tmp_path / "changed", {"stall_seconds": "1800"})
+    (changed / "stall-down-failed.yml").write_text(
+        (default_tests / "stall-down-failed.yml").read_text())
+    done = promtool_test(changed)
+    assert done.returncode == 1 and "MindFormersTrainingStalled" in done.stdout + done.stderr
+    stalled = yaml.safe_load((tmp_path / "default" / "prometheus" / "tests" /
+                              "stall-down-failed.yml").read_text())["tests"][0]
+    later = yaml.safe_load(render_rule_tests(RulesConfig(stall_seconds=1800))[
+        "stall-down-failed.yml"])["tests"][0]
+    fired = [c["eval_time"] for t in (stalled, later) for c in t["alert_rule_test"]
+             if c["exp_alerts"]]
+    assert fired == ["28m", "43m"]       # 10 + 900 s / 60 + 1 + for 2m; 10 + 30 + 1 + 2
+
+
+def test_the_selector_labels_go_on_the_rules_series_and_what_keeps_them():
+    text = render_rule_tests(RulesConfig(selector='cluster="a"'))["stall-down-failed.yml"]
+    document = yaml.safe_load(text)
+    first = document["tests"][0]
+    assert all('cluster="a"' in s["series"] for s in first["input_series"])
+    alert = next(c for c in first["alert_rule_test"] if c["exp_alerts"])["exp_alerts"][0]
+    assert alert["exp_labels"]["cluster"] == "a"
+    multirank = yaml.safe_load(render_rule_tests(RulesConfig(selector='cluster="a"'))[
+        "multirank.yml"])
+    joins = multirank["tests"][-1]
+    assert all("cluster" not in s["series"] for s in joins["input_series"]
+               if s["series"].startswith(("npu_", "DCGM_")))
+
+
+def test_a_selector_the_tests_cannot_match_writes_no_tests_and_says_so(tmp_path, capsys):
+    assert main(["assets", "--out", str(tmp_path), "--set", 'selector=job=~"trainer-.*"']) == 0
+    assert "no rule tests written" in capsys.readouterr().err
+    assert (tmp_path / "prometheus" / "rules").is_dir()
+    assert not (tmp_path / "prometheus" / "tests").exists()
+
+
+@pytest.mark.parametrize("settings, why", [
+    ({"rank_down_for": "0s"}, "rank_down_for must be at least 1m"),
+    ({"grad_norm_nonfinite_for": "0s"}, "grad_norm_nonfinite_for must be longer than 0s"),
+    ({"nonfinite_settle": "0s"}, "nonfinite_settle must be longer than 0s"),
+    ({"straggler_wait_ratio": 0.5}, "straggler_wait_ratio and slowest_wait_ratio must be below"),
+    ({"slowest_wait_ratio": 0.3}, "slowest_wait_ratio must be below 0.24"),
+])
+def test_settings_a_test_cannot_be_built_for_are_refused_by_name(settings, why):
+    with pytest.raises(RuleTestError, match=why):
+        render_rule_tests(RulesConfig(**settings))
+
+
+# ---------------------------------------------------------------- the template language
+def test_expressions_are_arithmetic_over_the_settings():
+    names = {"stall_seconds": 900, "stall_for": "2m"}
+    assert evaluate("10 + floor(max(stall_seconds, 600) / 60) + 1", names) == 26
+    assert evaluate("minutes(stall_for) + minutes(90)", names) == 4
+    assert evaluate("3 if stall_seconds > 600 and 1 else 4", names) == 3
+    for bad in ("__import__('os')", "stall_seconds.real", "open('x')", "[1, 2]", "x"):
+        with pytest.raises(RuleTestError):
+            evaluate(bad, names)
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0s"), (0.5, "0.5s"), (59, "59s"), (60, "1m 0s"), (1080, "18m 0s"),
+    (4500, "1h 15m 0s"), (90061, "1d 1h 1m 1s")])
+def test_human_is_prometheus_humanize_duration(seconds, text):
+    assert human(seconds) == text
+
+
+def test_alerting_rules_do_not_import_the_assets_module():
+    """One direction: mfotel.assets imports the rule generators, never the other way."""
+    for module in ("rules.py", "rule_tests.py"):
+        tree = ast.parse((ROOT / "mfotel" / "alerting" / module).read_text())
+        imported = {node.module or "" for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom)}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                     for a in node.names}
+        assert not any("assets" in name for name in imported), (module, imported)

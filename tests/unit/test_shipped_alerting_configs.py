@@ -1,0 +1,77 @@
+"""The shipped prometheus.yml and alertmanager.yml as an operator wires them: promtool and
+amtool accept them, the NaN page routes without group_wait while other alerts keep theirs, and
+the fast path posts that page with the rule's labels.
+
+The running stack with these files is tested in tests/e2e/test_alerting_e2e.py.
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mfotel.alerting import rules
+from mfotel.alerting.fastpage import loss_alert
+from mfotel.localstack.alerting import operator_prometheus_config, shipped_files
+from mfotel.localstack.servers import find_binary
+from tests.support.paths import ROOT
+
+
+def test_shipped_prometheus_yml_loads_with_only_the_intervals_lowered(tmp_path: Path) -> None:
+    """An operator lowering both intervals to 1s changes nothing else (no scrape_timeout)."""
+    promtool = find_binary(("promtool",))
+    assert promtool, "promtool not found on PATH; install it: apt-get install prometheus"
+    files = shipped_files()
+    config = yaml.safe_load(files["prometheus"])
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    (tmp_path / "rules").mkdir()
+    for key, name in (("recording", rules.RECORDING_FILE), ("alerts", rules.ALERTS_FILE)):
+        (tmp_path / "rules" / name).write_text(files[key])
+    result = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # and what the demo and the benchmark run differs from it in targets and addresses only
+    ours = yaml.safe_load(operator_prometheus_config(files["prometheus"], ["127.0.0.1:1"],
+                                                     "127.0.0.1:2"))
+    assert ours["global"] == config["global"] and ours["rule_files"] == config["rule_files"]
+
+
+def _route(config: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """The first child route of the root whose `name = "value"` matchers all match `labels`
+    (the shipped routes use only those), with the root's settings inherited."""
+    root = config["route"]
+    for child in root.get("routes", []):
+        pairs = [m.split("=", 1) for m in child.get("matchers", [])]
+        if all(labels.get(k.strip()) == v.strip().strip('"') for k, v in pairs):
+            return {**{k: v for k, v in root.items() if k != "routes"}, **child}
+    return root
+
+
+@pytest.mark.parametrize("path", ["alertmanager/alertmanager.yml", "docker/alertmanager.yml"])
+def test_nan_alert_routes_without_group_wait_and_other_alerts_keep_theirs(path: str) -> None:
+    config = yaml.safe_load((ROOT / path).read_text())
+    posted = loss_alert("llama", 0, 1, float("nan"))["labels"]   # what the fast path posts
+    nan_route = _route(config, posted)
+    assert nan_route["group_wait"] == "0s" and nan_route["receiver"] == "mfotel-pager"
+    assert nan_route["group_by"] == ["job_name", "alertname"]
+    stall = _route(config, {"alertname": "MindFormersTrainingStalled", "severity": "critical"})
+    assert stall["group_wait"] == "10s" and stall["receiver"] == "mfotel-pager"
+    spike = _route(config, {"alertname": "MindFormersLossSpike", "severity": "warning"})
+    assert spike["group_wait"] == "30s" and spike["receiver"] == "mfotel-tickets"
+    amtool = find_binary(("amtool",))
+    assert amtool, "amtool not found on PATH; install it: apt-get install prometheus-alertmanager"
+    labels = [f"{k}={v}" for k, v in posted.items()]
+    routed = subprocess.run([amtool, "config", "routes", "test", f"--config.file={ROOT / path}",
+                             *labels], capture_output=True, text=True, timeout=60)
+    assert routed.stdout.strip() == "mfotel-pager", routed.stdout + routed.stderr
+
+
+def test_the_fast_path_alert_has_the_rules_labels():
+    alert = loss_alert("llama", 3, 17, float("nan"))
+    assert alert["labels"] == {"alertname": "MindFormersLossNotFinite", "severity": "critical",
+                               "job_name": "llama", "rank": "3"}
+    assert alert["annotations"]["runbook_url"].endswith("#mindformerslossnotfinite")
