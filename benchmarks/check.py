@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/check.py [--repeats 5]
 
 Each case runs `mfotel check` in a fresh process, as a user does; the baseline is the same
-interpreter importing PyYAML and exiting. The bad documents (a billion-laughs alias bomb and a
-3 MB value) must be refused about as fast as a good document is accepted.
+interpreter importing PyYAML and exiting. The bad documents (a billion-laughs alias bomb, a
+3 MB value, a 4 MiB list, 210k aliases, 150k keys) must be refused about as fast as a good
+document is accepted.
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ def documents(folder: Path) -> dict[str, Path]:
         "plain.yaml": "monitor_config:\n  step_interval: 50\n  metrics: [loss, learning_rate]\n",
         "laughs.yaml": "\n".join(laughs) + "\nmonitor_config: {job_name: *a9}\n",
         "long.yaml": "monitor_config:\n  job_name: \"" + "x" * 3_000_000 + "\"\n",
+        # issue 24's documents, refused only after PyYAML had built them in the first version
+        "zeros.yaml": "x: [" + ",".join(["0"] * (2 * 2**20 - 4)) + "]\n",
+        "aliases.yaml": "a: &a [1]\nmonitor_config: {step_interval: 5}\nx: ["
+                        + ",".join(["*a"] * 210_000) + "]\n",
+        "keys.yaml": "monitor_config: {step_interval: 5}\nx: {"
+                     + ",".join(f"{i}: 0" for i in range(150_000)) + "}\n",
     }
     for name, text in texts.items():
         (folder / name).write_text(text)
@@ -59,6 +66,9 @@ def main() -> int:
             ("plain monitor_config", [*check, str(docs["plain.yaml"])]),
             ("billion laughs (refused)", [*check, str(docs["laughs.yaml"])]),
             ("3 MB job_name (refused)", [*check, str(docs["long.yaml"])]),
+            ("4 MiB flat list of zeros (refused)", [*check, str(docs["zeros.yaml"])]),
+            ("210k aliases (refused)", [*check, str(docs["aliases.yaml"])]),
+            ("150k keys (refused)", [*check, str(docs["keys.yaml"])]),
             ("mindformers YAML, --no-mindformers", [*check, "--no-mindformers", str(EXAMPLE)]),
             ("mindformers YAML, monitor_on (imports mindformers)", [*check, str(EXAMPLE)]),
         ]

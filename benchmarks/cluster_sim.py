@@ -9,7 +9,9 @@ Prometheus config (file_sd job) twice, both at the shipped 15 s: one with rules 
 the simulation's shortened `for:`s, alerting through the shipped Alertmanager config (only
 the webhook URL changed) for the alert checks, one with the shipped rules, measured (memory,
 series, rule evaluation, CPU). At the largest size every dashboard panel's query is timed
-against the second one. Ratios are against the smallest size of the same run.
+against the second one. Ratios are against the smallest size of the same run. With
+`--node-agents-at N`, size N runs again with a node agent per node (one target per 8 ranks, as
+`mfotel-instrument` serves it): what scraping the node endpoints costs Prometheus.
 """
 from __future__ import annotations
 
@@ -26,11 +28,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from mfotel.cluster.simulation.run import SimSettings, Simulation, run_simulation  # noqa: E402
-from mfotel.cluster.simulation.scenario import plan_jobs  # noqa: E402
-from mfotel.cluster.simulation.stack import SimStack  # noqa: E402
-from mfotel.dashboards.queries import ALL, dashboard_queries, substitute  # noqa: E402
-from mfotel.demo.stack import http_get_json  # noqa: E402
+from mfotel.cluster.simulation.run import SimSettings, Simulation, run_simulation
+from mfotel.cluster.simulation.scenario import plan_jobs
+from mfotel.cluster.simulation.stack import Notification, SimStack
+from mfotel.dashboards.queries import ALL, dashboard_queries, substitute
+from mfotel.localstack.servers import http_get_json
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "grafana" / "dashboards"
@@ -107,9 +109,9 @@ def _scalar(prom: Any, expr: str) -> float | None:
 
 
 def measure(size: int, cardinality: str, dashboards: bool, interval: float,
-            hold_seconds: float = 0.0) -> dict[str, Any]:
+            hold_seconds: float = 0.0, node_agents: bool = False) -> dict[str, Any]:
     found: dict[str, Any] = {"ranks": size, "cardinality": cardinality, "errors": [],
-                             "series_rank0": 0, "series_rank1": 0}
+                             "series_rank0": 0, "series_rank1": 0, "node_agents": node_agents}
 
     def during(sim: Simulation, stack: SimStack | None) -> None:
         """Measurements before the ranks stop; a failed one is reported, not fatal."""
@@ -125,7 +127,9 @@ def measure(size: int, cardinality: str, dashboards: bool, interval: float,
                 ("series_exposed_total", 'sum(scrape_samples_scraped{job="mindformers-file-sd"})'),
                 ("scrape_seconds_avg", "avg(scrape_duration_seconds)"),
                 ("scrape_seconds_max", "max_over_time(max(scrape_duration_seconds)[10m:15s])"),
-                ("targets_down_max", 'max_over_time(sum(1 - up{job="mindformers-file-sd"})[10m:15s])')):
+                ("targets_down_max",
+                 'max_over_time(sum(1 - up{job="mindformers-file-sd"})[10m:15s])'),
+                *(NODE_QUERIES if node_agents else ())):
             try:
                 found[key] = _scalar(prom, expr)
             except (OSError, RuntimeError) as error:
@@ -138,7 +142,7 @@ def measure(size: int, cardinality: str, dashboards: bool, interval: float,
 
     settings = SimSettings(ranks=size, cardinality=cardinality, with_stack=True,
                            shipped_cost=True, interval=interval, during_run=during,
-                           extra_seconds=hold_seconds,
+                           extra_seconds=hold_seconds, node_agents=node_agents,
                            on_progress=lambda text: print(f"  [{size} {cardinality}] {text}",
                                                           file=sys.stderr, flush=True))
     started = time.monotonic()
@@ -150,10 +154,20 @@ def measure(size: int, cardinality: str, dashboards: bool, interval: float,
     found["prometheus"] = result.shipped_prometheus
     found["pages"] = {"expected": len(result.checks),
                       "once_in_time": sum(c.ok for c in result.checks),
-                      "missed": sum(c.firings == 0 for c in result.checks),
+                      "missed": sum(c.notifications == 0 for c in result.checks),
                       "false": len(result.unexpected),
+                      "after_stop": len(result.after_stop),
                       "delays": {f"{c.expected.alertname} {c.expected.job_name}": round(c.delay, 1)
-                                 for c in result.checks if c.delay is not None}}
+                                 for c in result.checks if c.delay is not None},
+                      "incidents": [{"job": c.expected.job_name, "alert": c.expected.alertname,
+                                     "expected_ranks": list(c.expected.ranks),
+                                     "named": list(c.ranks), "alertnames": list(c.alertnames),
+                                     "notifications": c.notifications, "delay": c.delay,
+                                     "deadline": c.expected.deadline, "bytes": c.bytes,
+                                     "ok": c.ok} for c in result.checks],
+                      # what paged falsely, and what paged after the ranks were stopped
+                      "false_alerts": _alerts(result.unexpected, result.start_time),
+                      "after_stop_alerts": _alerts(result.after_stop, result.start_time)}
     found["trend"] = result.extra.get("trend", [])
     found["workers"] = len(result.workers)
     found["worker_rss_bytes"] = sum(w["peak_rss_bytes"] for w in result.workers)
@@ -163,6 +177,62 @@ def measure(size: int, cardinality: str, dashboards: bool, interval: float,
     found["export_errors"] = sum(w["export_errors"] for w in result.workers)
     found["ok"] = result.ok
     return found
+
+
+def _alerts(notifications: list[Notification], start: float) -> list[dict[str, Any]]:
+    """The firing alerts of `notifications`: name, job, rank, seconds after the start."""
+    return [{"alertname": a.alertname, "job_name": a.labels.get("job_name", ""),
+             "rank": a.labels.get("rank", ""), "at": round(n.received_at - start, 1)}
+            for n in notifications for a in n.alerts if a.firing]
+
+
+#: What the node targets cost the shipped-rules Prometheus, beside the ranks' targets.
+_NODE, _RANK = 'mfotel_target="node"', 'job="mindformers-file-sd", mfotel_target=""'
+NODE_QUERIES = (
+    ("node_targets", f"count(up{{{_NODE}}})"),
+    ("node_scrape_seconds_avg", f"avg(scrape_duration_seconds{{{_NODE}}})"),
+    ("node_scrape_seconds_max", f"max_over_time(max(scrape_duration_seconds{{{_NODE}}})[10m:15s])"),
+    ("node_samples_avg", f"avg(scrape_samples_scraped{{{_NODE}}})"),
+    ("node_samples_total", f"sum(scrape_samples_scraped{{{_NODE}}})"),
+    ("rank_scrape_seconds_avg", f"avg(scrape_duration_seconds{{{_RANK}}})"),
+    ("rank_samples_total", f"sum(scrape_samples_scraped{{{_RANK}}})"),
+)
+
+
+def report_node_agents(runs: list[dict[str, Any]]) -> None:
+    """The node-agent run against the run of the same size without."""
+    for run in [r for r in runs if r.get("node_agents")]:
+        base = next((r for r in runs if (r["ranks"], r["cardinality"]) ==
+                     (run["ranks"], run["cardinality"]) and not r.get("node_agents")), None)
+        p = run["prometheus"]
+        print(f"\n## Node agents at {run['ranks']} ranks ({run['cardinality']}): one node target "
+              "per 8 ranks\n")
+        print(f"- {run.get('node_targets') or 0:.0f} node targets, "
+              f"{run.get('node_samples_avg') or 0:.0f} samples each "
+              f"({run.get('node_samples_total') or 0:.0f} in all, beside "
+              f"{run.get('rank_samples_total') or 0:.0f} from the ranks' targets)")
+        ms = {key: 1000 * (run.get(key) or 0) for key in (
+            "node_scrape_seconds_avg", "node_scrape_seconds_max", "rank_scrape_seconds_avg")}
+        print(f"- scrape duration of a node target: avg {ms['node_scrape_seconds_avg']:.1f} ms, "
+              f"max {ms['node_scrape_seconds_max']:.0f} ms (a rank target: avg "
+              f"{ms['rank_scrape_seconds_avg']:.1f} ms)")
+        group = "group:mindformers-node.alerts"
+        print(f"- rule group mindformers-node.alerts: {1000 * p.get(group, 0):.1f} ms "
+              f"({1000 * p.get('max_' + group, 0):.0f} ms max); every group: "
+              f"{1000 * _evaluation(p):.0f} ms")
+        if base is not None:
+            b = base["prometheus"]
+            before, after = b["prometheus_tsdb_head_series"], p["prometheus_tsdb_head_series"]
+            print(f"- against the same size without agents: head series {before:.0f} -> "
+                  f"{after:.0f} (x{after / before:.2f}), "
+                  f"RSS {_mb(b['process_resident_memory_bytes'])} -> "
+                  f"{_mb(p['process_resident_memory_bytes'])}, Prometheus CPU "
+                  f"{100 * b.get('cpu_share', 0):.0f}% -> {100 * p.get('cpu_share', 0):.0f}% of a "
+                  f"core, rule evaluation {1000 * _evaluation(b):.0f} -> "
+                  f"{1000 * _evaluation(p):.0f} ms")
+        print(f"- pages: {run['pages']['once_in_time']}/{run['pages']['expected']} once in time, "
+              f"{run['pages']['missed']} missed, {run['pages']['false']} false; delays "
+              f"{run['pages']['delays']}")
 
 
 def _scrape(url: str) -> str:
@@ -185,11 +255,12 @@ def report(runs: list[dict[str, Any]]) -> None:
           "one at the simulation's interval with shortened `for:`s.\n")
     print("| ranks | level | series/rank (rank 0 / 1) | exposed | head series | RSS (peak) | "
           "RSS per head series | rule evaluation, all groups: median (max) | Prometheus CPU | "
-          "scrape avg/max | pages once, in time | missed | false |")
+          "scrape avg/max | incidents paged once, in time | missed | false |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         p, pages = run["prometheus"], run["pages"]
-        rss, head = p.get("process_resident_memory_bytes", 0), p.get("prometheus_tsdb_head_series", 1)
+        rss = p.get("process_resident_memory_bytes", 0)
+        head = p.get("prometheus_tsdb_head_series", 1)
         print(f"| {run['ranks']} | {run['cardinality']} | {run['series_rank0']} / "
               f"{run['series_rank1']} | {run['series_exposed_total']:.0f} | {head:.0f} | "
               f"{_mb(rss)} ({_mb(p.get('peak_rss_bytes', 0))}) | {rss / head / 1024:.1f} KB | "
@@ -197,7 +268,28 @@ def report(runs: list[dict[str, Any]]) -> None:
               f"{100 * p.get('cpu_share', 0):.0f}% of a core | "
               f"{1000 * (run['scrape_seconds_avg'] or 0):.1f}/"
               f"{1000 * (run['scrape_seconds_max'] or 0):.0f} ms | "
-              f"{pages['once_in_time']}/{pages['expected']} | {pages['missed']} | {pages['false']} |")
+              f"{pages['once_in_time']}/{pages['expected']} | {pages['missed']} | "
+              f"{pages['false']} |")
+    print("\n## Incidents: one notification each, naming the right rank\n")
+    print("| ranks | level | incident | alert | ranks named (expected) | notifications | delay "
+          "| deadline | webhook bytes |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for run in runs:
+        for item in run["pages"]["incidents"]:
+            named = ",".join(item["named"]) or "job"
+            wanted = ",".join(item["expected_ranks"]) or "job"
+            delay = "-" if item["delay"] is None else f"{item['delay']:.0f} s"
+            print(f"| {run['ranks']} | {run['cardinality']} | {item['job']} | {item['alert']} | "
+                  f"{named} ({wanted}) | {item['notifications']} | {delay} | "
+                  f"{item['deadline']:.0f} s | {item['bytes']} |")
+        print(f"| {run['ranks']} | {run['cardinality']} | false notifications: "
+              f"{run['pages']['false']}, after stopping: {run['pages']['after_stop']} |"
+              " | | | | | |")
+        for kind in ("false_alerts", "after_stop_alerts"):
+            for alert in run["pages"].get(kind, []):
+                print(f"|  |  | {kind.replace('_', ' ')}: {alert['alertname']} "
+                      f"job_name={alert['job_name']} rank={alert['rank'] or '-'} at "
+                      f"+{alert['at']:.0f} s | | | | | | |")
     for run in runs:
         for error in run["errors"]:
             print(f"- {run['ranks']} {run['cardinality']}: measurement failed: {error}")
@@ -214,9 +306,10 @@ def report(runs: list[dict[str, Any]]) -> None:
         ranks = run["ranks"] - base["ranks"] or 1
         series = p["prometheus_tsdb_head_series"] - b["prometheus_tsdb_head_series"]
         rss = p["process_resident_memory_bytes"] - b["process_resident_memory_bytes"]
+        head_ratio = p["prometheus_tsdb_head_series"] / b["prometheus_tsdb_head_series"]
+        rss_ratio = p["process_resident_memory_bytes"] / b["process_resident_memory_bytes"]
         print(f"- {run['ranks']} {run['cardinality']}: ranks x{run['ranks'] / base['ranks']:.0f}, "
-              f"head series x{p['prometheus_tsdb_head_series'] / b['prometheus_tsdb_head_series']:.1f}, "
-              f"RSS x{p['process_resident_memory_bytes'] / b['process_resident_memory_bytes']:.1f}, "
+              f"head series x{head_ratio:.1f}, RSS x{rss_ratio:.1f}, "
               f"rule evaluation x{_evaluation(p) / _evaluation(b):.1f}; per added rank "
               f"{series / ranks:.0f} head series, {rss / ranks / 1024:.0f} KB")
     print("\n## Rule groups, shipped rules (median of the last samples, ms; max in brackets)\n")
@@ -249,7 +342,8 @@ def report(runs: list[dict[str, Any]]) -> None:
             for minute in range(0, int(run["trend"][-1]["seconds"] // 60) + 1, 5):
                 near = [t for t in run["trend"] if minute * 60 <= t["seconds"] < minute * 60 + 60]
                 if near:
-                    print(f"| {minute} | {1000 * statistics.median(t['evaluation_seconds'] for t in near):.0f} ms"
+                    evaluation = statistics.median(t["evaluation_seconds"] for t in near)
+                    print(f"| {minute} | {1000 * evaluation:.0f} ms"
                           f" | {near[-1]['head_series']:.0f} | {_mb(near[-1]['rss_bytes'])} |")
     for run in runs:
         if "dashboards" in run:
@@ -265,6 +359,10 @@ def report(runs: list[dict[str, Any]]) -> None:
                       f"{row['all_series']} |")
 
 
+def _plan_key(run: dict[str, Any]) -> tuple[int, str]:
+    return run["ranks"], "full+node" if run.get("node_agents") else run["cardinality"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
@@ -276,31 +374,40 @@ def main() -> int:
                              "simulator's workers ~2 ms of CPU)")
     parser.add_argument("--hold-minutes", type=float, default=0.0,
                         help="keep the largest full run going this much longer (windows fill)")
+    parser.add_argument("--node-agents-at", type=int, nargs="*", default=[1024],
+                        help="sizes also run with a node agent per node (full cardinality)")
+    parser.add_argument("--no-dashboards", action="store_true",
+                        help="do not time the dashboards' queries at the largest size")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--resume", action="store_true",
                         help="keep the runs already in --json (same sizes) and run the rest")
     args = parser.parse_args()
     plan = [(size, level) for size in args.sizes
             for level in ("full", "health") if level == "full" or size in args.health_at]
+    plan += [(size, "full+node") for size in args.node_agents_at]
     runs = []
     if args.resume and args.json and args.json.is_file():
         runs = [run for run in json.loads(args.json.read_text())
-                if (run["ranks"], run["cardinality"]) in plan and not run["errors"]]
+                if _plan_key(run) in plan and not run["errors"]]
         print(f"resuming with {[(r['ranks'], r['cardinality']) for r in runs]} from {args.json}",
               file=sys.stderr)
-    done = {(run["ranks"], run["cardinality"]) for run in runs}
+    done = {_plan_key(run) for run in runs}
     for size, level in plan:
         if (size, level) in done:
             continue
         largest = size == max(args.sizes) and level == "full"
-        runs.append(measure(size, level, largest, args.interval,
-                            60 * args.hold_minutes if largest else 0.0))
+        dashboards = largest and not args.no_dashboards
+        agents = level == "full+node"
+        runs.append(measure(size, "full" if agents else level, dashboards, args.interval,
+                            60 * args.hold_minutes if largest else 0.0, node_agents=agents))
         if args.json:   # after each run: a later failure keeps what was measured
             args.json.write_text(json.dumps(runs, indent=1))
     print(f"(machine: {os.cpu_count()} cores; checks' Prometheus every "
           f"{args.interval:g} s)")
-    runs.sort(key=lambda run: (run["ranks"], run["cardinality"] != "full"))
-    report(runs)
+    runs.sort(key=lambda run: (run["ranks"], run["cardinality"] != "full",
+                               bool(run.get("node_agents"))))
+    report([run for run in runs if not run.get("node_agents")])
+    report_node_agents(runs)
     return 0 if all(run["ok"] for run in runs) else 1
 
 

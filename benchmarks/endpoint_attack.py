@@ -1,6 +1,7 @@
-"""Training throughput while /metrics is attacked, against the unattacked run, in one run.
+"""Training throughput while /metrics is attacked, against the unattacked run, in one run; and
+the alerts receiver under the same floods.
 
-    .venv/bin/python benchmarks/endpoint_attack.py [--steps 6000] [--repeats 2]
+    .venv/bin/python benchmarks/endpoint_attack.py [--steps 6000] [--repeats 2] [--part all]
 
 The demo network (real MindSpore, CPU, graph mode) trains with OTelMonitor serving /metrics
 behind basic auth (bcrypt cost 10) and default limits, while a legitimate scraper with the right
@@ -8,7 +9,10 @@ password scrapes every second. Scenarios, interleaved `--repeats` times (medians
 
 - unattacked;
 - connection flood: 1000 idle connections held open (re-opened as the server closes them) and
-  a burst of 100 new connections every second;
+  a burst of 100 new connections every second, from one address;
+- the same flood from 40 addresses (127.0.1.1-40: no address holds more than 25);
+- (receiver only) 16 idle connections from one address, re-opened as closed: the attack that
+  made every webhook of the threaded receiver (16 slots) get 503;
 - auth failures at 15/s: one client sending wrong passwords 15 times a second;
 - auth-failure loop: 4 clients sending wrong passwords as fast as they are answered.
 
@@ -18,6 +22,12 @@ use slows training too; "endpoint CPU" (CPU time of the endpoint's threads per s
 training, bcrypt included) is what the attack costs the training process itself. Printed: steps/s
 and its ratio to the unattacked run, the trainer's most threads and descriptors, the attack's
 request rate and answers, and the legitimate scrapes that succeeded.
+
+The receiver part runs the real `mfotel alerts-receiver` (bearer token, default limits) as a
+child process, floods it as above for `--seconds`, while a legitimate client posts Alertmanager's
+webhook with the token every second (one attempt each, 10 s timeout). Printed: webhooks
+answered 200 and printed, the slowest, and the receiver's CPU, most threads and descriptors.
+Set PYTHONPATH to another checkout to measure its receiver (e.g. the previous release).
 """
 from __future__ import annotations
 
@@ -37,11 +47,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, ROOT)
 
 PASSWORD = "right-password"
-SCENARIOS = ("unattacked", "connection flood", "auth failures, 15/s", "auth-failure loop")
+SCENARIOS = ("unattacked", "connection flood", "flood, 40 addresses", "auth failures, 15/s",
+             "auth-failure loop")
+RECEIVER_SCENARIOS = ("unattacked", "16 idle, re-opened", "connection flood",
+                      "flood, 40 addresses")
 ATTACKER, SCRAPER = "127.0.0.1", "127.0.0.2"  # a network's two hosts, on loopback
+FLOODERS = [f"127.0.1.{i}" for i in range(1, 41)]
+TOKEN = "bench-receiver-token"
 
 
 # ---------------------------------------------------------------- the attacker process
@@ -60,22 +76,51 @@ def _get(port: int, password: str, source: str = ATTACKER, timeout: float = 10.0
         conn.close()
 
 
-def _scraper(port: int, stop: threading.Event, results: dict) -> None:
-    """The legitimate Prometheus: one scrape per second, 10 s timeout."""
+def _post(port: int, index: int, timeout: float = 10.0) -> int:
+    """Alertmanager 0.25's webhook body for one firing alert, with the bearer token."""
+    alert = {"status": "firing", "labels": {"alertname": "MindFormersLossNotFinite",
+                                            "severity": "critical", "job_name": f"bench-{index}",
+                                            "rank": "0"},
+             "annotations": {"summary": "Training loss is NaN or Inf."},
+             "startsAt": "2025-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+             "generatorURL": "http://127.0.0.1:9090/graph", "fingerprint": f"fp{index}"}
+    body = json.dumps({"version": "4", "status": "firing", "receiver": "mfotel-pager",
+                       "groupKey": f"bench-{index}", "alerts": [alert]}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout,
+                                      source_address=(SCRAPER, 0))
+    try:
+        conn.request("POST", "/alerts", body, {"Authorization": f"Bearer {TOKEN}",
+                                               "Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except OSError:
+        return 0
+    finally:
+        conn.close()
+
+
+def _scraper(port: int, stop: threading.Event, results: dict, target: str) -> None:
+    """The legitimate client, once a second, 10 s timeout: Prometheus scraping /metrics, or
+    Alertmanager posting a webhook to the receiver."""
+    count = 0
     while not stop.wait(1.0):
         started, wall = time.perf_counter(), time.time()
-        status = _get(port, PASSWORD, SCRAPER)
+        count += 1
+        status = _get(port, PASSWORD, SCRAPER) if target == "metrics" else _post(port, count)
         results["scrapes"].append((status, time.perf_counter() - started, wall))
 
 
-def _flood(port: int, stop: threading.Event, results: dict) -> None:
-    def connect() -> socket.socket:
+def _flood(port: int, stop: threading.Event, results: dict, sources: list[str],
+           idle_count: int = 1000, burst: int = 100) -> None:
+    def connect(index: int) -> socket.socket:
         sock = socket.socket()
         sock.setblocking(False)
+        sock.bind((sources[index % len(sources)], 0))
         sock.connect_ex(("127.0.0.1", port))
         return sock
 
-    idle = [connect() for _ in range(1000)]
+    idle = [connect(i) for i in range(idle_count)]
     last_burst = 0.0
     while not stop.wait(0.1):
         for i, sock in enumerate(idle):
@@ -87,12 +132,12 @@ def _flood(port: int, stop: threading.Event, results: dict) -> None:
                 closed = True
             if closed:
                 sock.close()
-                idle[i] = connect()
+                idle[i] = connect(i)
                 results["reopened"] += 1
         if time.monotonic() - last_burst >= 1.0:
             last_burst = time.monotonic()
-            for _ in range(100):
-                connect().close()
+            for i in range(burst):
+                connect(i).close()
                 results["burst"] += 1
     for sock in idle:
         sock.close()
@@ -105,14 +150,20 @@ def _auth_loop(port: int, stop: threading.Event, results: dict, interval: float 
         results["answers"][_get(port, f"guess-{threading.get_ident()}-{count}")] += 1
 
 
-def attacker(port: int, scenario: str) -> None:
+def attacker(port: int, scenario: str, target: str = "metrics") -> None:
     """Run `scenario` against 127.0.0.1:port until stdin closes; print a JSON summary."""
     stop = threading.Event()
     results: dict[str, Any] = {"scrapes": [], "reopened": 0, "burst": 0,
                                "answers": collections.Counter()}
-    threads = [threading.Thread(target=_scraper, args=(port, stop, results), daemon=True)]
-    if scenario == "connection flood":
-        threads.append(threading.Thread(target=_flood, args=(port, stop, results), daemon=True))
+    threads = [threading.Thread(target=_scraper, args=(port, stop, results, target),
+                                daemon=True)]
+    if scenario in ("connection flood", "flood, 40 addresses"):
+        sources = [ATTACKER] if scenario == "connection flood" else FLOODERS
+        threads.append(threading.Thread(target=_flood, args=(port, stop, results, sources),
+                                        daemon=True))
+    elif scenario == "16 idle, re-opened":  # the attack that silenced the threaded receiver
+        threads.append(threading.Thread(target=_flood, args=(port, stop, results, [ATTACKER],
+                                                             16, 0), daemon=True))
     elif scenario == "auth-failure loop":
         threads += [threading.Thread(target=_auth_loop, args=(port, stop, results), daemon=True)
                     for _ in range(4)]
@@ -160,7 +211,7 @@ class Sampler:
                     utime, stime = fields.rsplit(")", 1)[1].split()[11:13]
                     self._cpu[thread.native_id] = (int(utime) + int(stime)) / ticks
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -178,8 +229,8 @@ def web_config(folder: Path) -> Path:
 
 
 def train(steps: int, scenario: str, web: Path) -> dict[str, Any]:
-    from mfotel.demo.stack import free_port
     from mfotel.demo.training import run_demo
+    from mfotel.localstack.servers import free_port
     port = free_port()
     result: dict[str, Any] = {}
 
@@ -216,27 +267,102 @@ def train(steps: int, scenario: str, web: Path) -> dict[str, Any]:
             "burst": summary["burst"], "seconds": summary["seconds"]}
 
 
+# ---------------------------------------------------------------- the alerts receiver
+def _proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def receive(scenario: str, seconds: float, folder: Path) -> dict[str, Any]:
+    """The real `mfotel alerts-receiver` (bearer token) under `scenario` for `seconds`."""
+    from mfotel.localstack.servers import free_port
+    port, token = free_port(), folder / "token"
+    token.write_text(TOKEN)
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "mfotel", "alerts-receiver", "--port", str(port),
+         "--bearer-token-file", str(token)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=folder,  # not this checkout's folder: `-m` imports from the cwd first
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", ROOT)})
+    try:
+        assert receiver.stderr is not None
+        assert "listening on" in receiver.stderr.readline(), "the receiver did not start"
+        started_cpu, threads, fds = _proc_cpu(receiver.pid), 0, 0
+        attack = subprocess.Popen([sys.executable, __file__, "--attack", scenario, "--port",
+                                   str(port), "--target", "receiver"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            threads = max(threads, int(next(
+                line.split()[1] for line in Path(f"/proc/{receiver.pid}/status").read_text()
+                .splitlines() if line.startswith("Threads:"))))
+            fds = max(fds, len(os.listdir(f"/proc/{receiver.pid}/fd")))
+            time.sleep(0.2)
+        cpu = (_proc_cpu(receiver.pid) - started_cpu) / seconds
+        summary = json.loads(attack.communicate("", timeout=60)[0])
+    finally:
+        receiver.terminate()
+        out, _ = receiver.communicate(timeout=30)
+    posts = summary["scrapes"]
+    return {"ok": sum(1 for status, _, _ in posts if status == 200), "posts": len(posts),
+            "printed": out.count("[FIRING critical] MindFormersLossNotFinite"),
+            "slowest": max((t for _, t, _ in posts), default=0.0), "cpu": cpu,
+            "threads": threads, "fds": fds, "reopened": summary["reopened"],
+            "burst": summary["burst"], "seconds": summary["seconds"]}
+
+
+def _attack_rate(result: dict[str, Any]) -> str:
+    return (f"{result['burst'] / result['seconds']:.0f} new conn/s + "
+            f"{result['reopened'] / result['seconds']:.0f} idle re-opened/s")
+
+
+def report_receiver(seconds: float) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        results = {name: receive(name, seconds, Path(folder)) for name in RECEIVER_SCENARIOS}
+    print(f"\n## the alerts receiver under attack: {seconds:g} s each, bearer token, default "
+          "limits, one webhook a second from another address")
+    print(f"{'scenario':20} {'webhooks 200':>12} {'printed':>7} {'slowest':>8} {'CPU':>6} "
+          f"{'threads':>7} {'fds':>4}  attack")
+    for name, r in results.items():
+        attack = _attack_rate(r) if name != "unattacked" else ""
+        print(f"{name:20} {r['ok']:>5}/{r['posts']:<6} {r['printed']:7d} {r['slowest']:7.3f}s "
+              f"{100 * r['cpu']:5.1f}% {r['threads']:7d} {r['fds']:4d}  {attack}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--attack", choices=SCENARIOS, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="length of each receiver scenario")
+    parser.add_argument("--part", choices=("all", "metrics", "receiver"), default="all")
+    parser.add_argument("--attack", choices=SCENARIOS + RECEIVER_SCENARIOS,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--target", choices=("metrics", "receiver"), default="metrics",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.attack:
-        attacker(args.port, args.attack)
+        attacker(args.port, args.attack, args.target)
         return 0
+    if args.part in ("all", "metrics"):
+        report_training(args.steps, args.repeats)
+    if args.part in ("all", "receiver"):
+        report_receiver(args.seconds)
+    return 0
+
+
+def report_training(steps: int, repeats: int) -> None:
     import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     runs: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
     with tempfile.TemporaryDirectory() as folder:
         web = web_config(Path(folder))
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             for name in SCENARIOS:
-                runs[name].append(train(args.steps, name, web))
-    print(f"## training while /metrics is attacked: {args.steps} steps, basic auth (bcrypt cost 10),"
-          f" default limits; medians of {args.repeats}")
+                runs[name].append(train(steps, name, web))
+    print(f"## training while /metrics is attacked: {steps} steps, basic auth (bcrypt cost 10),"
+          f" default limits; medians of {repeats}")
     base = statistics.median(r["steps_per_second"] for r in runs["unattacked"])
     print(f"{'scenario':20} {'steps/s':>8} {'ratio':>6} {'endpoint CPU':>12} {'threads':>7} "
           f"{'fds':>4} {'legit scrapes ok':>16} {'slowest':>8}  attack")
@@ -245,9 +371,8 @@ def main() -> int:
         last = results[-1]
         ok = f"{sum(r['scrapes_ok'] for r in results)}/{sum(r['scrapes'] for r in results)}"
         attack = ""
-        if name == "connection flood":
-            attack = (f"{last['burst'] / last['seconds']:.0f} new conn/s + "
-                      f"{last['reopened'] / last['seconds']:.0f} idle re-opened/s")
+        if "flood" in name:
+            attack = _attack_rate(last)
         elif name.startswith("auth"):
             answers = last["answers"]
             attack = (f"{sum(answers.values()) / last['seconds']:.0f} wrong-password req/s, "
@@ -257,7 +382,6 @@ def main() -> int:
               f"{max(r['threads'] for r in results):7d} "
               f"{max(r['fds'] for r in results):4d} {ok:>16} "
               f"{max(r['slowest_scrape'] for r in results):7.3f}s  {attack}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -28,14 +28,14 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from overhead import ALL_METRICS, train  # noqa: E402
+from overhead import ALL_METRICS, train
 
-from mfotel.callback import OTelMonitor  # noqa: E402
-from mfotel.config import parse_config  # noqa: E402
-from mfotel.demo.stack import free_port  # noqa: E402
-from mfotel.identity import RankIdentity  # noqa: E402
-from mfotel.instruments import TrainState  # noqa: E402
-from mfotel.ui import History, live_page  # noqa: E402
+from mfotel.callback import OTelMonitor
+from mfotel.config import parse_config
+from mfotel.identity import RankIdentity
+from mfotel.instruments import TrainState
+from mfotel.localstack.servers import free_port
+from mfotel.ui import History, live_page
 
 CHROMIUM = "/usr/bin/chromium"
 #: what app.js does: history deltas every second, the overview every 3 s
@@ -215,7 +215,8 @@ def part2(points: int = 10_000, records: int = 1_000_000) -> None:
     seconds, body = new_viewer(False)
     plain_seconds, plain = new_viewer(True)
     full = json.loads(body)
-    query = f"since={full['committed']}&generation={full['generation']}&marks={full['marks_version']}"
+    query = (f"since={full['committed']}&generation={full['generation']}"
+             f"&marks={full['marks_version']}")
     page.history.append(points - 2, {name: 1.0 for name in ALL_METRICS})
     delta = b"".join(app({"REQUEST_METHOD": "GET", "QUERY_STRING": query}, lambda *a: None))
     print(f"a new viewer ({full['points']} points): {seconds * 1e3:.1f} ms CPU, "

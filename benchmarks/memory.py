@@ -19,11 +19,13 @@ import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from mindspore.train.callback import RunContext  # noqa: E402
-from mindspore.train.callback import _InternalCallbackParam  # noqa: E402
+from mindspore.train.callback import (
+    RunContext,
+    _InternalCallbackParam,
+)
 
-from mfotel.callback import OTelMonitor  # noqa: E402
-from mfotel.demo.stack import free_port  # noqa: E402
+from mfotel.callback import OTelMonitor
+from mfotel.localstack.servers import free_port
 
 
 def rss_mb() -> float:

@@ -28,9 +28,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from mfotel.demo.alerting import AlertingStack, scrape_gate, step_clock  # noqa: E402
-from mfotel.demo.stack import free_port, http_get_json, unix_seconds  # noqa: E402
-from mfotel.demo.training import run_demo  # noqa: E402
+from mfotel.demo.alerting import scrape_gate, step_clock
+from mfotel.demo.training import run_demo
+from mfotel.localstack.alerting import AlertingStack
+from mfotel.localstack.servers import free_port, http_get_json, unix_seconds
 
 ALERT = "MindFormersLossNotFinite"
 PHASE = random.Random()   # own generator: the demo's ms.set_seed(0) reseeds the global one

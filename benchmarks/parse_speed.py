@@ -22,19 +22,20 @@ import random
 import re
 import resource
 import statistics
-import sys
 import subprocess
+import sys
 import tempfile
 import time
 import timeit
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mfotel.logs.parse import ParseReport, parse_file, parse_lines
+from mfotel.sinks import format_json, format_line
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mfotel.logs.parse import ParseReport, parse_file, parse_lines  # noqa: E402
-from mfotel.sinks import format_json, format_line  # noqa: E402
 
 MF_FIXTURE = ROOT / "tests" / "fixtures" / "mindformers" / "info.log"
 
@@ -74,8 +75,8 @@ def write_mindformers(path: Path, lines: int) -> None:
             for line in block:
                 if written == lines:
                     break
-                out.write(_STEP.sub(lambda m: f"step:[{int(m.group(1)) + offset:5d}/{10**9:5d}]",
-                                    line))
+                out.write(_STEP.sub(lambda m, offset=offset:
+                                    f"step:[{int(m.group(1)) + offset:5d}/{10**9:5d}]", line))
                 written += 1
             cycle += 1
 
@@ -100,7 +101,7 @@ def _paired(small: Callable[[], object], large: Callable[[], object],
     loaded machine."""
     timers = [timeit.Timer(small), timeit.Timer(large)]
     numbers = [timer.autorange()[0] for timer in timers]
-    pairs = [[timer.timeit(number) / number for timer, number in zip(timers, numbers)]
+    pairs = [[timer.timeit(number) / number for timer, number in zip(timers, numbers, strict=True)]
              for _ in range(rounds)]
     return (statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs),
             statistics.median(p[1] / p[0] for p in pairs))
@@ -129,7 +130,7 @@ def linearity(small: int = 10_000, large: int = 80_000) -> list[tuple[str, float
              *_paired(*(lambda n=n: sum(1 for _ in parse_lines(lines[n])) for n in lines)))]
     for name, make in HOSTILE.items():
         rows.append((f"one line: {name}",
-                     *_paired(*(lambda n=n: list(parse_lines(make(n)))
+                     *_paired(*(lambda n=n, make=make: list(parse_lines(make(n)))
                                 for n in (small, large)))))
     return rows
 

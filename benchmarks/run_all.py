@@ -7,13 +7,14 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = [
-    ("training-thread overhead per step", ["overhead.py", "--steps", "3000", "--repeats", "3"]),
+    ("training-thread overhead per step", ["overhead.py", "--steps", "3000", "--repeats", "9"]),
     ("scrape cost and training while scraped", ["scrape.py"]),
     ("training while /metrics is attacked", ["endpoint_attack.py"]),
     ("memory over 1M steps", ["memory.py"]),
     ("log parsing speed", ["parse_speed.py"]),
     ("NaN step -> page, shipped alerting files", ["paging_latency.py"]),
     ("mfotel check wall time", ["check.py"]),
+    ("training against the OTLP push interval and timeout", ["otlp_interval.py"]),
     ("live page: training with the page watched, its memory", ["live_page.py"]),
     ("64 to 1024 simulated ranks against a real Prometheus (~25 min)", ["cluster_sim.py"]),
 ]

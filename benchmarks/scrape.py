@@ -18,21 +18,22 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: E402
-from opentelemetry.metrics import Observation  # noqa: E402
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics import ObservableGauge as SdkObservableGauge  # noqa: E402
-from prometheus_client import CollectorRegistry, Gauge, start_http_server  # noqa: E402
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import ObservableGauge as SdkObservableGauge
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from mfotel.config import parse_config  # noqa: E402
-from mfotel.identity import RankIdentity  # noqa: E402
-from mfotel.instruments import Instruments  # noqa: E402
-from mfotel.demo.stack import free_port  # noqa: E402
-from mfotel.telemetry import Telemetry  # noqa: E402
+from mfotel.config import parse_config
+from mfotel.identity import RankIdentity
+from mfotel.instruments import Instruments
+from mfotel.localstack.servers import free_port
+from mfotel.telemetry import Telemetry
 
 LABELS = {"job_name": "bench", "rank": "0"}
 SCRAPER = """
@@ -56,7 +57,8 @@ def scrape(url: str) -> bytes:
         return response.read()
 
 
-def time_scrapes(url: str, repeats: int, before: Callable[[], None] = lambda: None) -> tuple[float, int]:
+def time_scrapes(url: str, repeats: int, before: Callable[[], None] = lambda: None
+                 ) -> tuple[float, int]:
     """Median seconds of one scrape, and the body size."""
     scrape(url)  # warm-up
     times, size = [], 0
@@ -71,7 +73,8 @@ def time_scrapes(url: str, repeats: int, before: Callable[[], None] = lambda: No
 class Served:
     """A server plus a way to stop it."""
 
-    def __init__(self, url: str, stop: Callable[[], None], change: Callable[[], None] = lambda: None):
+    def __init__(self, url: str, stop: Callable[[], None],
+                 change: Callable[[], None] = lambda: None) -> None:
         self.url, self.stop, self.change = url, stop, change
 
 
@@ -83,16 +86,19 @@ def plain(n: int) -> Served:
         gauge.labels("bench", "0", f"layers.{i}.weight").set(i * 0.001)
     port = free_port()
     server, _ = start_http_server(port, "127.0.0.1", registry)
-    return Served(f"http://127.0.0.1:{port}/metrics", lambda: (server.shutdown(), server.server_close()))
+    return Served(f"http://127.0.0.1:{port}/metrics",
+                  lambda: (server.shutdown(), server.server_close()))
 
 
 def stock_otel(n: int) -> Served:
     registry = CollectorRegistry(auto_describe=False)
-    reader = PrometheusMetricReader(registry=registry, cardinality_limits={SdkObservableGauge: n + 10})
+    reader = PrometheusMetricReader(registry=registry,
+                                    cardinality_limits={SdkObservableGauge: n + 10})
     provider = MeterProvider(metric_readers=[reader])
     points = [(i * 0.001, {**LABELS, "param": f"layers.{i}.weight"}) for i in range(n)]
     provider.get_meter("bench").create_observable_gauge(
-        "mindformers_train_local_norm", callbacks=[lambda o: [Observation(v, a) for v, a in points]])
+        "mindformers_train_local_norm",
+        callbacks=[lambda o: [Observation(v, a) for v, a in points]])
     port = free_port()
     server, _ = start_http_server(port, "127.0.0.1", registry)
     return Served(f"http://127.0.0.1:{port}/metrics",
@@ -135,7 +141,8 @@ def part1(sizes: list[int]) -> None:
         rows["cached"] = time_scrapes(served.url, repeats)
         served.stop()
         base = rows["plain"][0]
-        cells = [f"{rows[k][0]:8.4f}s ({rows[k][0] / base:4.2f}x)" for k in ("stock", "changed", "cached")]
+        cells = [f"{rows[k][0]:8.4f}s ({rows[k][0] / base:4.2f}x)"
+                 for k in ("stock", "changed", "cached")]
         print(f"{n:7d} {base:8.4f}s {cells[0]:>16} {cells[1]:>18} {cells[2]:>17} "
               f"{rows['plain'][1] / 1024:8.0f}")
 
@@ -144,6 +151,7 @@ def part2(steps: int, series: int) -> None:
     import mindspore as ms
     import mindspore.dataset as ds
     from mindspore.train import Callback
+
     from mfotel.callback import OTelMonitor
     from mfotel.demo.training import SyntheticRegression, build_model
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -192,7 +200,8 @@ def part2(steps: int, series: int) -> None:
     base = statistics.median(results["unscraped"])
     for name, runs in results.items():
         sps = statistics.median(runs)
-        print(f"{name:36} {sps:8.0f} steps/s  {sps / base:6.3f}  (slowdown {100 * (1 - sps / base):5.1f}%)")
+        print(f"{name:36} {sps:8.0f} steps/s  {sps / base:6.3f}  "
+              f"(slowdown {100 * (1 - sps / base):5.1f}%)")
 
 
 def main() -> int:
