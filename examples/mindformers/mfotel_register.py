@@ -12,9 +12,10 @@ callbacks):
         auto_register: mfotel_register.OTelMonitor
 
 mindformers copies this file into its dynamic-module cache and imports it; importing
-mfotel.integrations.mindformers registers OTelMonitor and CPUTrainOneStepCell. `mfotel-instrument` needs
-none of this.
+mfotel.integrations.mindformers registers OTelMonitor and CPUTrainOneStepCell.
+`mfotel-instrument` needs none of this.
 """
-from mfotel.integrations.mindformers import CPUTrainOneStepCell, MindFormersOTelMonitor as OTelMonitor
+from mfotel.integrations.mindformers import CPUTrainOneStepCell
+from mfotel.integrations.mindformers import MindFormersOTelMonitor as OTelMonitor
 
 __all__ = ["CPUTrainOneStepCell", "OTelMonitor"]

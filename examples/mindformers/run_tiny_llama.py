@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from mindspore.dataset import GeneratorDataset
 from mindformers import MindFormerConfig, Trainer
 from mindformers.core.context import build_context
-from mindformers.utils.file_utils import set_output_path
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+from mindformers.utils.file_utils import set_output_path
+from mindspore.dataset import GeneratorDataset
 
 
 class SyntheticTokens:
@@ -48,7 +48,8 @@ class SyntheticTokens:
 
 @MindFormerRegister.register(MindFormerModuleType.DATASET_LOADER)
 class SyntheticTokenDataLoader:
-    """`train_dataset.data_loader.type: SyntheticTokenDataLoader`; mindformers adds the shard info."""
+    """`train_dataset.data_loader.type: SyntheticTokenDataLoader`; mindformers adds the shard
+    info."""
 
     def __new__(cls, column_names: list[str], num_samples: int = 40, seq_length: int = 65,
                 vocab_size: int = 256, seed: int = 0, shuffle: bool = False,

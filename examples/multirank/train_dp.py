@@ -27,7 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200, help="global batches per rank")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per rank per step")
-    parser.add_argument("--port", type=int, default=9464, help="base port (rank serves + local rank)")
+    parser.add_argument("--port", type=int, default=9464,
+                        help="base port (rank serves + local rank)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address of /metrics")
     parser.add_argument("--job-name", default="mfotel-dp")
     parser.add_argument("--step-interval", type=int, default=1)
