@@ -4,6 +4,7 @@ a test started outlives it (tests/support/leaks.py)."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,26 @@ from mfotel.localstack.servers import free_port_block
 from tests.support import leaks
 from tests.support.endpoint import Pki, make_pki, self_signed
 from tests.support.ranks import RankExporter, rank_exporter
+from tests.support.scheduling import ONE_BY_ONE, LongestFirstScheduling
 from tests.support.users import shared_dir
 
 _LEFT_RUNNING = pytest.StashKey[str]()
 
 
+def _children_get_default_signals() -> None:
+    """A suite started in the background (`make test &`, nohup) inherits SIGINT, SIGQUIT and
+    SIGHUP ignored, and exec keeps them ignored in every process the tests start: the tests of
+    signal handling would see a launcher that honours an inherited SIG_IGN, as it should. A
+    Python-level handler is reset to the default by exec: the test processes keep ignoring
+    (SIGINT gets Python's own default handler), the processes they start get the defaults."""
+    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
+                          else lambda *_: None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _children_get_default_signals()
     xdist_controller = bool(getattr(config.option, "numprocesses", None)) \
         and not hasattr(config, "workerinput")
     leaks.mark_this_process(runs_tests=not xdist_controller)
@@ -46,9 +61,24 @@ def _nothing_outlives_the_module(request: pytest.FixtureRequest) -> Iterator[Non
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """End-to-end tests first: with `pytest -n`, the long ones start while the short ones
-    fill the gaps (the order within each folder is kept)."""
-    items.sort(key=lambda item: "tests/e2e/" not in item.nodeid)
+    """Longest first: with `pytest -n`, the whole-job tests (tests/support/scheduling.py), then
+    the other slow ones, then end-to-end, then unit tests, so that the long ones start at once
+    and the short ones fill the gaps (the order within each group is kept)."""
+    def group(item: pytest.Item) -> int:
+        if item.nodeid.split("::", 1)[0] in ONE_BY_ONE:
+            return 0
+        if item.get_closest_marker("slow"):
+            return 1
+        return 2 if "tests/e2e/" in item.nodeid else 3
+    items.sort(key=group)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` (the Makefile's) schedules longest first (tests/support/scheduling)."""
+    if config.getvalue("dist") == "loadscope":
+        return LongestFirstScheduling(config, log)
+    return None
 
 
 @pytest.hookimpl(trylast=True)

@@ -126,9 +126,12 @@ def test_procfs_reads_a_live_process_and_its_listening_socket():
         assert procfs.exe_name(os.getpid()).startswith("python")
     assert ("127.0.0.1", port) not in procfs.listening_ports(os.getpid())
     sleeper = subprocess.Popen(["sleep", "30"], env={"MFOTEL_TEST": "a=b", "EMPTY": ""})
-    try:  # the environment exec gave it (once exec happened)
+    try:  # the environment exec gave it, once exec finished (the kernel sets the name first,
+        # the new environment's place a moment later: an empty read in between)
         wait_for(lambda: procfs.exe_name(sleeper.pid) == "sleep", settle(10), 0.25, "sleep started")
-        assert procfs.read_environ(sleeper.pid) == {"MFOTEL_TEST": "a=b", "EMPTY": ""}
+        environ = wait_for(lambda: procfs.read_environ(sleeper.pid), settle(10), 0.1,
+                           "sleep's environment")
+        assert environ == {"MFOTEL_TEST": "a=b", "EMPTY": ""}
         assert procfs.exe_name(sleeper.pid) == "sleep"
     finally:
         sleeper.kill()

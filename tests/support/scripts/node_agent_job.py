@@ -1,6 +1,6 @@
 """A job of N small ranks, launched as msrun launches its workers (tests of the node agent).
 
-    python tests/support/node_agent_job.py --ranks 3 --port 9464 --job-name j --control DIR
+    python tests/support/scripts/node_agent_job.py --ranks 3 --port 9464 --job-name j --control DIR
 
 What the node agent meets under msrun, without MindSpore's minute of start-up: a scheduler
 process (`MS_ROLE=MS_SCHED`, `RANK_ID=0`, the same script), each worker in a session of its
