@@ -25,7 +25,8 @@ from .contract import CONTRACT, STATUS_INITIALISING, STEP_TIME_BUCKETS, MetricSp
 
 #: Label values pre-created at 0 so that `increase()` sees the very first event.
 NONFINITE_METRICS = ("loss", "grad_norm")
-ERROR_STAGES = ("callback", "extract", "sink", "server", "scrape", "otlp", "alertmanager")
+ERROR_STAGES = ("callback", "extract", "sink", "server", "scrape", "otlp", "alertmanager",
+                "shutdown")
 PENDING_LIMIT = 4096
 #: Cardinality `health`: these are exposed only by the metric ranks (one per data-parallel
 #: group); every rank keeps its health signals and an +Inf-only step-time histogram.
