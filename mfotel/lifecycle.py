@@ -138,6 +138,7 @@ class SignalGuard:
         self.previous: dict[int, Handler] = {}
         self._handler = self._handle  # one object, so that getsignal() can recognise it
         self._fork_hook = False
+        self._fork_mask: set[int] | None = None  # the forking thread's mask, while it forks
         self._reset()
 
     def _reset(self) -> None:
@@ -186,7 +187,9 @@ class SignalGuard:
         if self.previous:
             self._start_watcher()
         if not self._fork_hook:  # hooks cannot be removed: register once, act when installed
-            os.register_at_fork(after_in_child=self._forget_in_child)
+            os.register_at_fork(before=self._block_for_fork,
+                                after_in_parent=self._unblock_after_fork,
+                                after_in_child=self._forget_in_child)
             self._fork_hook = True
 
     def _start_watcher(self) -> None:
@@ -224,15 +227,32 @@ class SignalGuard:
             signal.set_wakeup_fd(current)  # someone set theirs after us
         os.close(self._wakeup[1])
 
+    def _block_for_fork(self) -> None:
+        """Before os.fork(): block our signals in the forking thread. A child inherits the
+        mask, so a signal sent to it before _forget_in_child ran waits there instead of being
+        written into the parent's wakeup pipe (the parent's watcher took a dataset worker's
+        SIGTERM for its own). The parent's other threads still receive the parent's signals."""
+        self._fork_mask = None
+        if self.previous:
+            self._fork_mask = signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+
+    def _unblock_after_fork(self) -> None:
+        mask, self._fork_mask = self._fork_mask, None
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
     def _forget_in_child(self) -> None:
         """A forked child (a dataset worker) is not the training run: it must not report,
-        linger or exit for it, nor write into the parent's wakeup pipe."""
+        linger or exit for it, nor write into the parent's wakeup pipe. A signal that arrived
+        since the fork is delivered once its handler is the one it had before (the default:
+        the child ends)."""
         if self._wakeup is not None:  # the pipe is the parent's watcher's
             self._uninstall_wakeup()
             os.close(self._wakeup[0])
             self._wakeup = None
         self._uninstall()
         self.members = []
+        self._unblock_after_fork()
 
     # ------------------------------------------------------------------ signals
     def _tell(self, members: list[Finishable], signum: int) -> None:

@@ -97,6 +97,10 @@ def test_compute_bound_straggler_blames_no_rank_and_the_job_slows(tmp_path):
         wait_for(lambda: job.query(
             f"count_over_time(mindformers_train_status{{{rank0}}}[85s]) >= 80"),
             settle(300), 2.0, "85 s of running")
+        # other tests beside this one can slow the whole job too: start the fault from a
+        # quiet rule, so that the drop that fires afterwards is the fault's
+        wait_for(lambda: not _active(job, "MindFormersThroughputDrop"), settle(240), 2.0,
+                 "no throughput drop pending or firing before the fault")
         before = job.value_by_rank(_step_mean(job, "30s"))
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                 start_new_session=True, preexec_fn=_pin_to(1))
@@ -133,11 +137,16 @@ def _step_mean(job: FaultyJob, window: str) -> str:
             f"sum by (rank) (rate({dur}_count{{{job.sel()}}}[{window}]))")
 
 
+def _active(job: FaultyJob, alertname: str) -> list[dict]:
+    """The job's `alertname` alerts that Prometheus holds now (pending or firing)."""
+    data = http_get_json(f"{job.stack.prometheus.url}/api/v1/alerts", timeout=10)["data"]
+    return [a for a in data["alerts"] if a["labels"].get("alertname") == alertname
+            and a["labels"].get("job_name") == job.job_name]
+
+
 def _active_since(job: FaultyJob, alertname: str) -> float:
     """When Prometheus' alert of the job became active (unix time)."""
-    data = http_get_json(f"{job.stack.prometheus.url}/api/v1/alerts", timeout=10)["data"]
-    [alert] = [a for a in data["alerts"] if a["labels"].get("alertname") == alertname
-               and a["labels"].get("job_name") == job.job_name]
+    [alert] = _active(job, alertname)
     return unix_seconds(alert["activeAt"])
 
 
