@@ -569,6 +569,12 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     per_rank_first = f"(\n  max by (job_name, rank) ({first})\n  and on (job_name, rank)\n" \
                      f"{_indent(recent, '  ')}\n)"
     job_first = f"min by (job_name) {per_rank_first}"
+    # the follower's mute must outlast the job: a rank's fast-path post lives Alertmanager's
+    # resolve_timeout (5m) from the NaN on, while the instant series vanish when the job stops
+    # (a mute lifted then pages the follower). Held over the window, as `recent` already is.
+    held = f"last_over_time({first}[{cfg.nonfinite_window}])"
+    held_first = f"(\n  max by (job_name, rank) ({held})\n  and on (job_name, rank)\n" \
+                 f"{_indent(recent, '  ')}\n)"
     nf_grad = m("mindformers_train_nonfinite_total", 'metric="grad_norm"')
     overflow = m("mindformers_train_overflow_total")
     w = cfg.nonfinite_window
@@ -596,7 +602,7 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
                "rank(s) of the job followed a step later (the gradient all-reduce carries a NaN "
                "to every rank); look at this rank's data and inputs first."),
         _alert(cfg, "MindFormersLossNotFiniteFollower",
-               f"{per_rank_first}\n> on (job_name) group_left ()\n{job_first}",
+               f"{held_first}\n> on (job_name) group_left ()\nmin by (job_name) {held_first}",
                "0m", "info", "A rank's loss went NaN or Inf after another rank's.",
                f"The loss of {_WHO} went NaN/Inf at step {{{{ $value }}}}, after another rank's: "
                "it followed (the gradient all-reduce carried it). Sent nowhere: it mutes this "
