@@ -217,7 +217,8 @@ def test_a_liveness_probe_is_no_scrape_and_never_ends_a_ranks_linger():
 
 def test_liveness_probe_of_endpoints_behind_basic_auth_and_mutual_tls(tmp_path):
     """An answer without credentials is an answer: the probe needs no secret."""
-    bcrypt = pytest.importorskip("bcrypt")  # the [auth] extra, installed by bootstrap
+    import bcrypt  # the [auth] extra (also in dev, which bootstrap installs): fail, never skip
+
     from tests.support.endpoint import make_pki, serve
     pki = make_pki(tmp_path)
     hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)).decode()
