@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mfotel.localstack.servers import free_port
 from tests.support import http
 from tests.support.http import bearer
 from tests.support.paths import ROOT
@@ -112,9 +111,9 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def start_receiver(*args: str, env: dict[str, str] | None = None,
                    banner_lines: int = 2) -> CliReceiver:
-    """Start the CLI on a free port; returns once it listens (AssertionError if it does not)."""
-    port = free_port()
-    process = subprocess.Popen(receiver_command("--port", str(port), *args), cwd=ROOT,
+    """Start the CLI on a port the kernel picks (`--port 0`: a port picked free beforehand can
+    be taken before the CLI binds it); returns once it listens (AssertionError if it does not)."""
+    process = subprocess.Popen(receiver_command("--port", "0", *args), cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=child_env(**(env or {})))
     out, err = _Lines(process.stdout), _Lines(process.stderr)
