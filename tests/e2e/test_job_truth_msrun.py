@@ -19,6 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from mfotel.alerting import rules
+from mfotel.cluster.simulation.stack import route_setting
 from mfotel.localstack.servers import http_get_json, unix_seconds
 from tests.support.jobtruth import JOB_RULES, FaultyJob
 from tests.support.waiting import settle, wait_for
@@ -131,6 +132,11 @@ def test_compute_bound_straggler_blames_no_rank_and_the_job_slows(tmp_path):
              alert_after_s=round(notified[0].received_at - started, 1))
 
 
+def _group_interval(job: FaultyJob, labels: dict[str, str]) -> float:
+    """Alertmanager's group_interval (seconds) for an alert with `labels`, as configured."""
+    return route_setting(job.stack.am_config, labels, "group_interval", "5m")
+
+
 def _step_mean(job: FaultyJob, window: str) -> str:
     dur = "mindformers_train_step_duration_seconds"
     return (f"sum by (rank) (rate({dur}_sum{{{job.sel()}}}[{window}])) / "
@@ -174,7 +180,7 @@ def test_nan_pages_once_naming_the_rank_it_started_on(tmp_path):
         wait_for(lambda: job.firing("MindFormersLossNotFinite"),
                  settle(60), 0.25, "the rule's alert")
         # the group's next notification would come group_interval (1m) later: wait it out
-        time.sleep(75)
+        time.sleep(_group_interval(job, first.labels) + 15)
         first_nan = {rank: min(int(step) for step, loss in _truth(job, rank)["losses"].items()
                                if loss != loss) for rank in (0, 1)}
         origin = first_nan[1]
@@ -259,7 +265,7 @@ def test_dead_rank_is_paged_by_name_and_the_stall_it_causes_is_not(tmp_path):
                            settle(120), 0.25, "rank 0's stall in Prometheus")
         wait_for(lambda: not job._ours(pids[0]), settle(120), 0.25, "rank 0 ended by MindSpore")
         # the groups' next notifications (group_interval 1m): wait them out
-        time.sleep(65)
+        time.sleep(_group_interval(job, page.labels) + 5)
         criticals = [call for call in job.notifications()
                      if call[0].labels.get("severity") == "critical"]
         assert [[(a.alertname, a.labels.get("rank")) for a in call] for call in criticals] == [

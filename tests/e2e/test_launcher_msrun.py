@@ -122,6 +122,16 @@ def both_running(prom: Prometheus, job: MsrunJob) -> None:
              alive=[job.process])
 
 
+def scrapes_of_the_end(prom: Prometheus, job: MsrunJob) -> str:
+    """What a failure to see the final statuses needs: what Prometheus holds, how its last
+    scrapes of the ranks went, and the ranks' last log lines."""
+    scrapes = prom.query("max_over_time(scrape_duration_seconds[2m]) or "
+                         "min_over_time(up[2m])")
+    logs = {path.name: path.read_text(errors="replace").splitlines()[-5:]
+            for path in sorted((job.work / "logs").glob("worker_*.log"))}
+    return f"statuses: {statuses(prom)}\nscrapes: {scrapes}\nlogs: {logs}"
+
+
 def signal_every_process(job: MsrunJob, signum: int) -> None:
     """As Slurm cancels a step (proctrack/cgroup): every process of it, launcher included."""
     for pid in [job.process.pid, *job.processes()]:
@@ -151,7 +161,8 @@ def test_cancelled_msrun_job_reports_cancelled_on_every_rank_and_pages_nobody(
     assert time.monotonic() - signalled < LINGER + 30
     cancelled = {"0": contract.STATUS_CANCELLED, "1": contract.STATUS_CANCELLED}
     # the final scrapes were answered before the ranks exited; stored a moment later
-    wait_for(lambda: statuses(prom) == cancelled, settle(INTERVAL), 0.1, "final statuses")
+    wait_for(lambda: statuses(prom) == cancelled, settle(INTERVAL), 0.1, "final statuses",
+             details=lambda: scrapes_of_the_end(prom, job))
     assert alerts_until_quiet(prom, JOB, job.exited_at, "10m") == []
     # no worker, scheduler or log tail survives, by pid and by process group
     assert [pid for pid in processes if running(pid)] == []

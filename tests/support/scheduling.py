@@ -9,7 +9,8 @@ tail while the other workers sat idle. This scheduler
 - keeps the collection order (tests/conftest.py sorts the slow end-to-end tests first), so
   the long work starts at once and the short modules fill the gaps;
 - schedules the tests of the modules in `ONE_BY_ONE` one by one: each starts its own job,
-  servers and ports (no module-scoped fixture), so they can run on different workers at once;
+  servers and ports, or its own promtool run (no module-scoped fixture), so they can run on
+  different workers at once;
 - gives a worker its next unit only when it is down to its last queued test (xdist's default
   queues up to three ahead, which ties several long tests to one worker).
 """
@@ -19,11 +20,14 @@ from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
-#: Modules whose tests share no module-scoped fixture, each test a job of its own.
+#: Modules whose tests share no module-scoped fixture, each test a job of its own: the
+#: whole-job tests, and the promtool runs of every rule setting (25-60 s of CPU each; as one
+#: module on one worker they were a two-minute tail of the suite while the others sat idle).
 ONE_BY_ONE = frozenset({
     "tests/e2e/test_cluster_sim_e2e.py",
     "tests/e2e/test_job_truth_msrun.py",
     "tests/e2e/test_node_agent_msrun.py",
+    "tests/unit/test_rule_tests.py",
 })
 
 
