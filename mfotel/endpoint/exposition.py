@@ -20,7 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from .wsgi import Environ, StartResponse, WsgiApp
+from .wsgi import SENT, Environ, StartResponse, WsgiApp
 
 
 class CachingCollector:
@@ -87,7 +87,7 @@ class CachedMetricsApp:
         self._lock = threading.Lock()
         self._parts: dict[tuple[int, str], tuple[int, bytes]] = {}
         self._gzipped: dict[str, tuple[tuple[int, ...], bytes]] = {}
-        self.served: tuple[int, ...] = ()  # generations of the last body served
+        self.served: tuple[int, ...] = ()  # generations of the last body served in time
 
     def _part(self, index: int, encoder: Callable[[Any], bytes], content_type: str) -> bytes:
         collector = self.collectors[index]
@@ -109,7 +109,6 @@ class CachedMetricsApp:
         with self._lock:
             parts = [self._part(i, encoder, content_type) for i in range(len(self.collectors))]
             generations = tuple(c.generation for c in self.collectors)
-            self.served = generations
             cached = self._gzipped.get(content_type) if gzipped else None
             if cached is not None and cached[0] == generations:
                 body = cached[1]
@@ -118,11 +117,38 @@ class CachedMetricsApp:
                 if gzipped:
                     body = gzip.compress(body, compresslevel=1)
                     self._gzipped[content_type] = (generations, body)
+        environ[SENT] = self._when_sent(generations, scrape_timeout(environ))
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
         if gzipped:
             headers.append(("Content-Encoding", "gzip"))
         start_response("200 OK", headers)
         return [body]
+
+
+    def _when_sent(self, generations: tuple[int, ...], timeout: float | None
+                   ) -> Callable[[float], None]:
+        """What the server calls once the body is sent: it counts as served (a rank's linger
+        until scraped ends) only if the scraper was still waiting. A Prometheus scrape that
+        times out drops the body: the final status it carried would never be stored."""
+        def sent(seconds: float) -> None:
+            if timeout is None or seconds <= timeout * IN_TIME_SHARE:
+                self.served = generations
+        return sent
+
+
+#: The share of a scrape's time-out (Prometheus' X-Prometheus-Scrape-Timeout-Seconds) within
+#: which a sent body counts as served: the scraper's clock starts before the connection is
+#: accepted here, and its reading ends after the body arrives.
+IN_TIME_SHARE = 0.5
+
+
+def scrape_timeout(environ: Environ) -> float | None:
+    """The scrape's time-out in seconds, from Prometheus' header; None without a valid one."""
+    try:
+        value = float(environ.get("HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS", ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 class Router:

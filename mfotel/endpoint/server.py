@@ -64,7 +64,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .ratelimit import Buckets, client_key
-from .wsgi import AUTHENTICATED, SECURITY_HEADERS, Environ, Headers, WsgiApp
+from .wsgi import AUTHENTICATED, SECURITY_HEADERS, SENT, Environ, Headers, WsgiApp
 
 log = logging.getLogger("mfotel")
 #: (status line, headers, body) of one response
@@ -452,6 +452,8 @@ class Server:
                 response, head_only, trusted = _plain(request), False, False
             self._set_state(conn, ANSWERING, limits.request_timeout)
             await self._send(conn, self._encode(response, head_only))
+            if isinstance(request, dict):
+                self._tell_sent(request, conn)
             conn.answered_ok = response[0][:1] in "23" or trusted
             await self._drain(conn)
             if isinstance(conn.sock, ssl.SSLSocket):
@@ -635,6 +637,17 @@ class Server:
                             "mfotel_export_errors_total{stage=\"scrape\"}",
                             environ.get("PATH_INFO"), type(exc).__name__, exc)
             return _plain("500 Internal Server Error")
+
+    def _tell_sent(self, environ: Environ, conn: _Connection) -> None:
+        """The app's SENT callback, if it set one: how long the answer took since the accept."""
+        sent = environ.get(SENT)
+        if callable(sent):
+            try:
+                sent(time.monotonic() - conn.accepted)
+            except Exception as exc:  # noqa: BLE001 - an app's callback must not drop answers
+                self.on_error("server")
+                self._warn_once("sent", "mfotel: %s: %s after an answer (%s)", self.name,
+                                type(exc).__name__, exc)
 
     def _encode(self, response: Response, head_only: bool) -> bytes:
         status, headers, body = response

@@ -18,6 +18,10 @@ Headers = list[tuple[str, str]]
 #: Environ key an auth middleware sets to True once the request's credentials passed (the
 #: server then never counts the request's answer as a failure of its client).
 AUTHENTICATED = "mfotel.authenticated"
+#: Environ key an app may set to a callable: the server calls it with the seconds from the
+#: connection's accept to the whole answer handed to the kernel (the metrics app counts a
+#: scrape as served only if its scraper was still waiting for it).
+SENT = "mfotel.sent"
 
 #: Headers on every response of every endpoint, unless the app sets its own (the live page
 #: sends a stricter Content-Security-Policy): nothing an endpoint answers may be sniffed into

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import math
 import socket
+import time
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
@@ -176,3 +177,33 @@ def test_ipv6_loopback_host_is_served(port, rank_exporters):
     exporter.serve()
     assert exporter.url == f"http://[::1]:{port}/metrics"
     assert value(samples(get(exporter.url).text), "mindformers_train_loss") == 3.0
+
+
+def _scrape(url: str, timeout_header: str | None, pause: float = 0.0) -> bytes:
+    """GET /metrics over a raw connection, `pause` seconds after connecting (a scrape the
+    machine's load delays), with Prometheus' time-out header when given."""
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    extra = f"X-Prometheus-Scrape-Timeout-Seconds: {timeout_header}\r\n" if timeout_header else ""
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        time.sleep(pause)
+        sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("header, pause, counts", [
+    (None, 0.0, True), ("10", 0.0, True), ("soon", 0.0, True),
+    ("0.000001", 0.0, False), ("1", 0.7, False), ("1", 0.0, True)],
+    ids=["no-header", "in-time", "unreadable-header", "too-late", "delayed-past-half", "prompt"])
+def test_a_scrape_ends_the_linger_only_if_its_scraper_still_waited(served, header, pause, counts):
+    """Prometheus drops a body that arrives after its scrape_timeout: the final status it
+    carried would never be stored, so such an answer does not end a rank's linger
+    (`linger_until_scraped`); one sent within half the time-out does."""
+    telemetry, inst = served
+    inst.state.loss = 2.5
+    inst.touch()
+    answer = _scrape(telemetry.endpoint.url, header, pause)
+    assert answer.startswith(b"HTTP/1.1 200") and b"mindformers_train_loss" in answer
+    assert telemetry.wait_scraped(0.3) is counts
