@@ -5,11 +5,12 @@ demo:
 	scripts/bootstrap.sh demo
 	.venv/bin/mfotel demo
 
-# The suite mostly waits on Prometheus, Alertmanager and whole training jobs: three pytest
-# workers per core. Measured on 2 cores: xdist's own order with 3 workers 21.5 min; longest
-# first (tests/support/scheduling.py) with 6 workers 15.5 min. Each test module runs on one
+# The suite waits on Prometheus, Alertmanager and whole training jobs, and computes in real
+# MindSpore processes: three pytest workers per core keep both cores busy (measured on 2
+# cores: xdist's own order with 3 workers 21.5 min; longest first, tests/support/scheduling.py,
+# with 6 workers 15-16 min, ~1,650 CPU-seconds: CPU-bound). Each test module runs on one
 # worker (loadscope), so its module-scoped servers and training runs start once; the
-# whole-job tests run one by one.
+# whole-job tests and the promtool runs are scheduled one by one.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 3 )))
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope
 

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.cli import INSTRUMENT
 from tests.support.multirank import child_env, stop
-from tests.support.processes import TAG, kill_tagged, running
+from tests.support.processes import TAG, kill_tagged, proc_stat, running, tree
 from tests.support.waiting import settle, wait_for
 
 
@@ -266,9 +266,27 @@ class Terminal:
                 pass
             return False
         wait_for(exited, timeout, 0, "mfotel-instrument to exit",
-                 details=lambda: f"the terminal shows {self.output!r}")
+                 details=lambda: f"the terminal shows {self.output!r}\n{self.job_state()}")
         assert self.status is not None
         return self.status
+
+    def job_state(self) -> str:
+        """Who holds the terminal, and each process's state, group and signal masks (what a
+        Ctrl-C that changed nothing needs explained)."""
+        try:
+            foreground: int | str = os.tcgetpgrp(self.fd)
+        except OSError as exc:
+            foreground = str(exc)
+        lines = [f"terminal foreground group: {foreground}"]
+        for pid in (self.pid, *tree(self.pid)):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            except OSError:
+                continue
+            keep = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+            lines.append(f"pid {pid} group {(proc_stat(pid) or ('?', '?'))[1]}: " + ", ".join(
+                line.replace("\t", " ") for line in status if line.split(":")[0] in keep))
+        return "\n".join(lines)
 
     def close(self) -> None:
         if self.status is None:
