@@ -138,7 +138,8 @@ class SignalGuard:
         self.previous: dict[int, Handler] = {}
         self._handler = self._handle  # one object, so that getsignal() can recognise it
         self._fork_hook = False
-        self._fork_mask: set[int] | None = None  # the forking thread's mask, while it forks
+        # the forking thread's mask while it forks, per thread: two threads may fork at once
+        self._forking = threading.local()
         self._reset()
 
     def _reset(self) -> None:
@@ -232,12 +233,12 @@ class SignalGuard:
         mask, so a signal sent to it before _forget_in_child ran waits there instead of being
         written into the parent's wakeup pipe (the parent's watcher took a dataset worker's
         SIGTERM for its own). The parent's other threads still receive the parent's signals."""
-        self._fork_mask = None
+        self._forking.mask = None
         if self.previous:
-            self._fork_mask = signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+            self._forking.mask = signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
 
     def _unblock_after_fork(self) -> None:
-        mask, self._fork_mask = self._fork_mask, None
+        mask, self._forking.mask = getattr(self._forking, "mask", None), None
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
@@ -245,14 +246,18 @@ class SignalGuard:
         """A forked child (a dataset worker) is not the training run: it must not report,
         linger or exit for it, nor write into the parent's wakeup pipe. A signal that arrived
         since the fork is delivered once its handler is the one it had before (the default:
-        the child ends)."""
-        if self._wakeup is not None:  # the pipe is the parent's watcher's
-            self._uninstall_wakeup()
-            os.close(self._wakeup[0])
-            self._wakeup = None
-        self._uninstall()
-        self.members = []
-        self._unblock_after_fork()
+        the child ends). The mask is restored whatever fails here: a child left with the
+        signals blocked would pass them blocked to every program it executes (a command that
+        never sees Ctrl-C)."""
+        try:
+            if self._wakeup is not None:  # the pipe is the parent's watcher's
+                self._uninstall_wakeup()
+                os.close(self._wakeup[0])
+                self._wakeup = None
+            self._uninstall()
+            self.members = []
+        finally:
+            self._unblock_after_fork()
 
     # ------------------------------------------------------------------ signals
     def _tell(self, members: list[Finishable], signum: int) -> None:
