@@ -173,8 +173,15 @@ class AlertLog:
                 pass
             self._stop.wait(0.5)
 
+    def firing(self) -> list[dict]:
+        """The alerts seen firing. Pending is no page: a scrape missed on a loaded machine
+        makes MindFormersRankDown pending for a moment, which its `for:` waits out (seen for
+        both ranks at once beside a CPU hog); the tests wait longer than each `for:`, so an
+        alert that should not be would have fired."""
+        return [a for a in self.seen if a.get("alertstate") == "firing"]
+
     def critical(self) -> list[dict]:
-        return [a for a in self.seen if a.get("severity") == "critical"]
+        return [a for a in self.firing() if a.get("severity") == "critical"]
 
     def __enter__(self) -> AlertLog:
         self._thread.start()
@@ -243,8 +250,8 @@ def test_an_alive_rank_that_does_not_answer_warns_and_never_pages(tmp_path, msru
                                           f'alertname=~"MindFormersRank.*"}}'),
                                           settle(60), 0.25, "nothing firing")
         assert alerts.critical() == [], alerts.critical()
-        assert {a["alertname"] for a in alerts.seen} >= {"MindFormersRankUnresponsive"}
-        assert not {a["alertname"] for a in alerts.seen} & {
+        assert {a["alertname"] for a in alerts.firing()} >= {"MindFormersRankUnresponsive"}
+        assert not {a["alertname"] for a in alerts.firing()} & {
             "MindFormersRankDown", "MindFormersRanksMissing", "MindFormersRankExited"}
 
 
@@ -343,6 +350,6 @@ def test_an_ha_pair_sees_how_every_rank_ended_and_pages_neither(tmp_path, msrun_
                                           f'"{JOB}", rank="{rank}"}}[15m])')[0]["value"][1]) != 2]
             print(f"\nservers that missed a rank's final status: {missed}")
     for alerts in (alerts_a, alerts_b):
-        names = {a["alertname"] for a in alerts.seen}
+        names = {a["alertname"] for a in alerts.firing()}
         assert not names & {"MindFormersRankDown", "MindFormersRankExited",
-                            "MindFormersRanksMissing"}, alerts.seen
+                            "MindFormersRanksMissing"}, alerts.firing()
