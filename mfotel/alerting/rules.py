@@ -566,15 +566,15 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     recent = _loss_nonfinite(cfg)
     # the first non-finite step of each rank whose loss is not finite now or lately (an
     # earlier incident's ranks must not hide a new one), and its minimum over the job
-    per_rank_first = f"(\n  max by (job_name, rank) ({first})\n  and on (job_name, rank)\n" \
-                     f"{_indent(recent, '  ')}\n)"
+    def of_recent_ranks(step: str) -> str:
+        return f"(\n  max by (job_name, rank) ({step})\n  and on (job_name, rank)\n" \
+               f"{_indent(recent, '  ')}\n)"
+    per_rank_first = of_recent_ranks(first)
     job_first = f"min by (job_name) {per_rank_first}"
     # the follower's mute must outlast the job: a rank's fast-path post lives Alertmanager's
     # resolve_timeout (5m) from the NaN on, while the instant series vanish when the job stops
     # (a mute lifted then pages the follower). Held over the window, as `recent` already is.
-    held = f"last_over_time({first}[{cfg.nonfinite_window}])"
-    held_first = f"(\n  max by (job_name, rank) ({held})\n  and on (job_name, rank)\n" \
-                 f"{_indent(recent, '  ')}\n)"
+    held_first = of_recent_ranks(f"last_over_time({first}[{cfg.nonfinite_window}])")
     nf_grad = m("mindformers_train_nonfinite_total", 'metric="grad_norm"')
     overflow = m("mindformers_train_overflow_total")
     w = cfg.nonfinite_window

@@ -124,7 +124,6 @@ class CachedMetricsApp:
         start_response("200 OK", headers)
         return [body]
 
-
     def _when_sent(self, generations: tuple[int, ...], timeout: float | None
                    ) -> Callable[[float], None]:
         """What the server calls once the body is sent: it counts as served (a rank's linger
