@@ -28,6 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..config import ConfigError, MonitorConfig
+from ..endpoint.exposition import NOT_A_SCRAPE
 from ..identity import RankIdentity
 from ..subcommand import Subcommand
 
@@ -206,8 +207,9 @@ def probe_owner(host: str, port: int, timeout: float = 2.0) -> dict[str, str] | 
     """`{job_name, rank, local_rank, status}` of the mfotel rank serving host:port, else None."""
     address = "127.0.0.1" if host in WILDCARD_HOSTS else host
     try:
-        with urllib.request.urlopen(f"http://{host_port(address, port)}/metrics",
-                                    timeout=timeout) as response:
+        request = urllib.request.Request(f"http://{host_port(address, port)}/metrics",
+                                         headers={NOT_A_SCRAPE: "1"})  # never ends a linger
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read().decode("utf-8", "replace")
         owner: dict[str, str] = {}
         for family in text_string_to_metric_families(body):

@@ -117,7 +117,8 @@ class CachedMetricsApp:
                 if gzipped:
                     body = gzip.compress(body, compresslevel=1)
                     self._gzipped[content_type] = (generations, body)
-        environ[SENT] = self._when_sent(generations, scrape_timeout(environ))
+        if not environ.get(NOT_A_SCRAPE_ENVIRON):
+            environ[SENT] = self._when_sent(generations, scrape_timeout(environ))
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
         if gzipped:
             headers.append(("Content-Encoding", "gzip"))
@@ -134,6 +135,12 @@ class CachedMetricsApp:
                 self.served = generations
         return sent
 
+
+#: A request header by which a reader of /metrics says it is no scrape (the node agent's read of
+#: a rank's identity): its answer never ends a rank's linger, which waits for the metrics
+#: store to have stored the final status.
+NOT_A_SCRAPE = "X-Mfotel-Not-A-Scrape"
+NOT_A_SCRAPE_ENVIRON = "HTTP_" + NOT_A_SCRAPE.upper().replace("-", "_")
 
 #: The share of a scrape's time-out (Prometheus' X-Prometheus-Scrape-Timeout-Seconds) within
 #: which a sent body counts as served: the scraper's clock starts before the connection is

@@ -9,8 +9,10 @@ means "not answering"; a refused connection means nothing listens.
 
 The probe reads nothing it could misuse: it verifies no certificate (it only asks whether
 the server answers) and sends no credentials. It asks for `PROBE_PATH`, which no rank serves:
-the 404 costs the rank no collection, and a probe never counts as the scrape that ends a
-rank's linger (`linger_until_scraped`), which a `HEAD /metrics` would.
+the 404 costs the rank no collection. Neither the probe nor the one read of /metrics (the
+rank's identity) counts as the scrape that ends a rank's linger (`linger_until_scraped`): both
+send `X-Mfotel-Not-A-Scrape` (a rank cancelled before its identity was read ended its linger on
+that read, and its final status never reached Prometheus).
 
     probe("127.0.0.1", 9465, "http", timeout=2.0)   # Probe(outcome="answered", status=404)
 """
@@ -21,6 +23,8 @@ import ssl
 import time
 from dataclasses import dataclass
 from typing import Literal
+
+from ..endpoint.exposition import NOT_A_SCRAPE
 
 Outcome = Literal["answered", "silent", "refused"]
 #: What the liveness probe asks for: a path no mfotel endpoint serves (404, or 401 first).
@@ -77,7 +81,8 @@ def probe(address: str, port: int, scheme: str, timeout: float, body: bool = Fal
         method = "GET" if body else "HEAD"
         sock.settimeout(left())
         sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                     "User-Agent: mfotel-node-agent\r\nConnection: close\r\n\r\n".encode())
+                     f"User-Agent: mfotel-node-agent\r\n{NOT_A_SCRAPE}: 1\r\n"
+                     "Connection: close\r\n\r\n".encode())
         received = b""
         while len(received) < MAX_BODY_BYTES:
             sock.settimeout(left())

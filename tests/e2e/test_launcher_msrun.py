@@ -124,12 +124,14 @@ def both_running(prom: Prometheus, job: MsrunJob) -> None:
 
 def scrapes_of_the_end(prom: Prometheus, job: MsrunJob) -> str:
     """What a failure to see the final statuses needs: what Prometheus holds, how its last
-    scrapes of the ranks went, and the ranks' last log lines."""
+    scrapes of the ranks went, the ranks' last log lines and the launcher's (the node agent's
+    account of how each process ended)."""
     scrapes = prom.query("max_over_time(scrape_duration_seconds[2m]) or "
                          "min_over_time(up[2m])")
     logs = {path.name: path.read_text(errors="replace").splitlines()[-5:]
             for path in sorted((job.work / "logs").glob("worker_*.log"))}
-    return f"statuses: {statuses(prom)}\nscrapes: {scrapes}\nlogs: {logs}"
+    return (f"statuses: {statuses(prom)}\nscrapes: {scrapes}\nlogs: {logs}\n"
+            f"launcher: {job.output()[-3000:]}")
 
 
 def signal_every_process(job: MsrunJob, signum: int) -> None:

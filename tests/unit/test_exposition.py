@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from mfotel.endpoint.exposition import Router
+from mfotel.endpoint.exposition import NOT_A_SCRAPE, Router
 from tests.support.endpoint import request
 from tests.support.http import get
 from tests.support.metrics import samples, value
@@ -207,3 +207,20 @@ def test_a_scrape_ends_the_linger_only_if_its_scraper_still_waited(served, heade
     answer = _scrape(telemetry.endpoint.url, header, pause)
     assert answer.startswith(b"HTTP/1.1 200") and b"mindformers_train_loss" in answer
     assert telemetry.wait_scraped(0.3) is counts
+
+
+def test_a_reader_that_is_no_scrape_never_ends_the_linger(served):
+    """The node agent reads a rank's identity from /metrics; it says so (NOT_A_SCRAPE) and
+    its answer does not end the rank's linger, whatever else it sends: only a scrape stores
+    the final status in Prometheus."""
+    telemetry, inst = served
+    inst.state.loss = 2.5
+    inst.touch()
+    for headers in ({NOT_A_SCRAPE: "1"},
+                    {NOT_A_SCRAPE: "1", "X-Prometheus-Scrape-Timeout-Seconds": "10"}):
+        reply = get(telemetry.endpoint.url, headers=headers)
+        assert reply.status == 200 and b"mindformers_train_loss 2.5" in reply.body.replace(
+            b'{job_name="expo",rank="0"}', b"")
+        assert telemetry.wait_scraped(0.3) is False, headers
+    get(telemetry.endpoint.url, headers={"X-Prometheus-Scrape-Timeout-Seconds": "10"})
+    assert telemetry.wait_scraped(0.3) is True

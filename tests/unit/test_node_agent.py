@@ -197,11 +197,14 @@ def test_liveness_probe_outcomes():
         thread.join(5)
 
 
-def test_a_liveness_probe_is_no_scrape_and_never_ends_a_ranks_linger():
-    """A rank lingers until a scrape has served its final values (`linger_until_scraped`):
-    the agent's probe answers 404 from a real rank endpoint and does not count; its one GET
-    of /metrics (the rank's identity) is a scrape."""
+def test_neither_a_liveness_probe_nor_the_identity_read_ends_a_ranks_linger():
+    """A rank lingers until a scrape has served its final values (`linger_until_scraped`).
+    The agent's probe answers 404 from a real rank endpoint; its one GET of /metrics (the
+    rank's identity) answers 200 with the values: neither counts, or a rank cancelled before
+    the agent had read its identity ended its linger on that read and the final status never
+    reached Prometheus (seen beside a CPU hog). Prometheus' own scrape then counts."""
     from tests.support.endpoint import serve
+    from tests.support.http import get
     port = free_port_block(1)
     telemetry, _ = serve(port)
     try:
@@ -210,6 +213,10 @@ def test_a_liveness_probe_is_no_scrape_and_never_ends_a_ranks_linger():
         assert not telemetry.wait_scraped(0.5)
         identity = liveness.probe("127.0.0.1", port, "http", timeout=5.0, body=True)
         assert identity.status == 200 and b"mindformers_train_loss" in identity.body
+        assert not telemetry.wait_scraped(0.5)
+        scrape = get(f"http://127.0.0.1:{port}/metrics",
+                     headers={"X-Prometheus-Scrape-Timeout-Seconds": "10"})
+        assert scrape.status == 200
         assert telemetry.wait_scraped(2.0)
     finally:
         telemetry.shutdown()
