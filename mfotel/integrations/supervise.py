@@ -16,6 +16,8 @@ dead. So `mfotel-instrument` stays the parent:
   seconds after the signal are killed (SIGKILL).
 - SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH and SIGCONT go to every process group of the job as they
   are; SIGTSTP (Ctrl-Z) stops the job, then mfotel-instrument.
+- The command starts with the signal mask mfotel-instrument was started with, except that
+  SIGTERM and SIGINT are unblocked: a cancel passed on must reach it.
 - At a terminal the command starts in the background, so that Ctrl-C reaches mfotel-instrument,
   not msrun. When the command reads from the terminal (input(), pdb), it is given the
   foreground, as a shell would: Ctrl-C then reaches it directly, as without mfotel.
@@ -165,7 +167,7 @@ class Supervisor:
         try:
             # As subprocess does: Python ignores SIGPIPE / SIGXFSZ; the command must not inherit it.
             self.child = os.posix_spawnp(self.argv[0], self.argv, self.env, setpgroup=0,
-                                         setsigmask=mask,
+                                         setsigmask=command_mask(mask),
                                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
         except BaseException:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -358,6 +360,14 @@ class Supervisor:
                     signal.pthread_sigmask(signal.SIG_SETMASK, old)
         except OSError:
             pass
+
+
+def command_mask(started_with: set[int | signal.Signals]) -> set[int | signal.Signals]:
+    """The command's signal mask: the one mfotel-instrument was started with (as tini passes
+    it), less the signals a cancel reaches the job as. Those are passed on and must be
+    receivable: blocked (a launcher started from a thread that blocks them), the cancel would
+    wait in every rank's mask until the stop timeout's SIGKILL, and every rank would page."""
+    return set(started_with) - set(CANCELS.values())
 
 
 def _isatty(fd: int) -> bool:

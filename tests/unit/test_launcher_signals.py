@@ -201,6 +201,24 @@ def test_ignored_signal_stays_ignored_and_others_pass_as_they_are(tmp_path, laun
     assert process.wait(timeout=60) == 5
 
 
+def test_a_cancel_reaches_the_command_when_the_launcher_started_with_it_blocked(
+        tmp_path, launched):
+    """Started with SIGINT, SIGTERM and SIGALRM blocked (from a thread that blocks them): the
+    command gets the cancel signals unblocked, so the SIGTERM passed on ends it at once (with
+    them blocked it waited for the stop timeout's SIGKILL); SIGALRM stays blocked, as tini
+    passes the mask."""
+    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGALRM}
+    process = launch(["--stop-timeout", "30", *python("""
+        import signal, time
+        print(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
+        time.sleep(300)""")], tmp_path,
+        preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked))
+    launched.append(process)
+    assert process.stdout.readline() == f"[{int(signal.SIGALRM)}]\n"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == -signal.SIGTERM  # not the stop timeout's SIGKILL
+
+
 def test_what_ignores_the_cancel_is_killed_after_the_stop_timeout(tmp_path, launched):
     process = launch(["--stop-timeout", "1", *python("""
         import signal, time
