@@ -126,6 +126,11 @@ class RulesConfig:
                     not _DURATION.match(value):
                 raise ValueError(f"RulesConfig.{f.name}={value!r} is not a Prometheus "
                                  "duration; use e.g. '90s', '5m', '1h'")
+            if f.name.endswith(("_window", "_lookback", "_settle")) and \
+                    duration_seconds(value) <= 0:
+                raise ValueError(f"RulesConfig.{f.name}={value!r} must be longer than 0s: it "
+                                 "is a range or an offset, and Prometheus refuses to load a "
+                                 "rule file with a 0s one (every alert would be off)")
             if f.name.endswith("_factor") and not value > 1:
                 raise ValueError(f"RulesConfig.{f.name}={value!r} must be > 1")
             if f.name.endswith("_ratio") and not 0 < value < 1:
@@ -134,6 +139,11 @@ class RulesConfig:
                      "checkpoint_max_age_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"RulesConfig.{name}={getattr(self, name)!r} must be > 0")
+        if duration_seconds(self.grad_norm_nonfinite_for) <= 0:
+            raise ValueError(f"RulesConfig.grad_norm_nonfinite_for="
+                             f"{self.grad_norm_nonfinite_for!r} must be longer than 0s: the "
+                             "grad norm of a NaN loss's step is NaN too, and would page beside "
+                             "the loss alert before Prometheus scraped the loss")
         if self.selector.strip().startswith("{") or self.selector.strip().endswith(","):
             raise ValueError(f"RulesConfig.selector={self.selector!r}: give bare matchers "
                              "without braces, e.g. 'cluster=\"a\"'")

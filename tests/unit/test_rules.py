@@ -135,6 +135,10 @@ def test_rules_check_command_reports_stale_files(tmp_path: Path) -> None:
     ({"step_drift_seconds": -1}, "must be > 0"),
     ({"loss_divergence_tolerance": 0.0}, "must be > 0"),
     ({"selector": '{cluster="a"}'}, "without braces"),
+    ({"nonfinite_settle": "0s"}, "nonfinite_settle='0s' must be longer than 0s"),
+    ({"loss_spike_window": "0m"}, "Prometheus refuses to load"),
+    ({"rank_down_lookback": "0h"}, "rank_down_lookback='0h' must be longer than 0s"),
+    ({"grad_norm_nonfinite_for": "0s"}, "grad_norm_nonfinite_for='0s' must be longer than 0s"),
 ])
 def test_rules_config_rejects_bad_values(override: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
