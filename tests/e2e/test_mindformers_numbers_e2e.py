@@ -93,14 +93,21 @@ def test_console_step_time_is_mflossmonitor_per_step_time_plus_the_work_outside_
     """record r: 5 x step_time = sum of MFLossMonitor's per-step times (each up to 1 ms more
     than it prints) + checkpoint saves (inside the step they follow) + evaluations (EvalCallBack
     runs after OTelMonitor: in the next interval) + the rest (MFLossMonitor's own logging,
-    OTelMonitor and the scrapes it serves, data loading): 4 ms a step on a quiet machine, below
-    20 ms on one loaded 4x, 46 ms at a load of 19 on 2 cores; the bound is 3 x 4 ms, times the
-    load per core when the machine is busier than one process a core."""
+    OTelMonitor and the scrapes it serves, data loading): 4 ms a step on a quiet machine, 5-8
+    ms beside a CPU hog, below 20 ms on one loaded 4x, 46 ms at a load of 19 on 2 cores, 80 ms
+    in the first record at a load of 10.7 on 2 cores (the 1-minute load average lags the
+    contention of the few seconds a record spans). The bound is 10 x 4 ms, times the load per
+    core when the machine is busier than one process a core: far above that noise, and far
+    below what the test exists to catch, an evaluation counted in an interval (asserted: the
+    one within the records took more than the bound allows a whole record)."""
     _, _, logged, lines = run
-    bound = 3 * QUIET_REST_SECONDS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    bound = 10 * QUIET_REST_SECONDS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
     assert sorted(lines) == list(range(RECORD, STEPS + 1, RECORD))
     eval_seconds = dict(zip(range(EVAL, STEPS + 1, EVAL), (s for _, s in logged["evals"]),
                             strict=True))
+    # the evaluation after step 10 (its graph compiled: seconds) falls in record 15; the one
+    # after the last step in no record
+    assert eval_seconds[EVAL] > RECORD * bound, (eval_seconds, bound)
     for record, step_time in lines.items():
         steps = range(record - RECORD + 1, record + 1)
         mf = sum(logged["per_step_ms"][k] for k in steps) / 1e3
