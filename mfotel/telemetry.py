@@ -1,9 +1,11 @@
 """OTel MeterProvider, Resource and readers: Prometheus over HTTP per rank, OTLP push optional."""
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -197,6 +199,10 @@ def local_endpoints_line(cfg: MonitorConfig, identity: RankIdentity, job_name: s
             f"{', '.join(addresses)}{pages}{note}")
 
 
+#: How often a rank whose port was busy tries to bind it again.
+BIND_RETRY_SECONDS = 2.0
+
+
 class Telemetry:
     """Owns the MeterProviders, the Prometheus registries and HTTP endpoint, and OTLP push.
 
@@ -222,6 +228,8 @@ class Telemetry:
         self.providers: list[MeterProvider] = []
         self.native_meter: Any = None
         self.endpoint: Endpoint | None = None
+        self._stopped = threading.Event()  # set by stop_endpoint
+        self._binding = threading.Lock()   # endpoint set (late bind) vs stopped
         self._otlp: OtlpPush | None = None
         self.app: CachedMetricsApp | None = None
         self.extra_routes: dict[str, WsgiApp] = {}  # documented paths beside /metrics (mfotel.ui)
@@ -266,7 +274,8 @@ class Telemetry:
     def serve(self, version: Callable[[], Hashable] = object,
               native_version: Callable[[], Hashable] = object,
               nonfinite: NonFiniteValues = list) -> None:
-        """Serve /metrics on host:port + local rank; a busy port warns and counts, never raises.
+        """Serve /metrics on host:port + local rank; a busy port warns and counts, never raises,
+        and is bound as soon as it is free.
 
         `version` / `native_version` change whenever the values behind each provider change
         (the default, `object`, never repeats: no caching). `nonfinite` gives the gauges to
@@ -283,20 +292,53 @@ class Telemetry:
         port, prom = self.port, self.cfg.prometheus
         if not port:
             return
-        limits = Limits(max_connections=prom.max_connections,
-                        request_timeout=prom.request_timeout_seconds)
         try:
-            server = serve_endpoint(Router(self.routes()), prom.host, port, self.web, limits,
-                                    prom.auth_failures_per_second, self.on_error)
+            server = self._bind(port)
         except OSError as exc:
             self.on_error("server")
+            busy = exc.errno == errno.EADDRINUSE
             log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training continues "
-                        "without this endpoint. Fix: free the port or set "
-                        "monitor_config.prometheus.port (this rank uses port + local rank %d)",
-                        self.identity.rank, prom.host, port, exc.strerror or exc,
+                        "%s. Fix: free the port or set monitor_config.prometheus.port (this "
+                        "rank uses port + local rank %d)", self.identity.rank, prom.host, port,
+                        exc.strerror or exc,
+                        f"and it binds as soon as the port is free (tried every "
+                        f"{BIND_RETRY_SECONDS:g} s)" if busy else "without this endpoint",
                         self.identity.local_rank)
+            if busy:  # often a run of the job that lingers for its final scrape
+                threading.Thread(target=self._bind_when_free, args=(port,),
+                                 name="mfotel-bind", daemon=True).start()
             return
         self.endpoint = Endpoint(prom.host, server.port, server, server.scheme)
+
+    def _bind(self, port: int) -> Server:
+        prom = self.cfg.prometheus
+        limits = Limits(max_connections=prom.max_connections,
+                        request_timeout=prom.request_timeout_seconds)
+        return serve_endpoint(Router(self.routes()), prom.host, port, self.web, limits,
+                              prom.auth_failures_per_second, self.on_error)
+
+    def _bind_when_free(self, port: int) -> None:
+        """A busy port (the lingering rank of the last run, a port probe): bind once it frees,
+        until the endpoint is stopped."""
+        while not self._stopped.wait(BIND_RETRY_SECONDS):
+            try:
+                server = self._bind(port)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training "
+                            "continues without this endpoint", self.identity.rank,
+                            self.cfg.prometheus.host, port, exc.strerror or exc)
+                return
+            with self._binding:
+                if self._stopped.is_set():
+                    server.close()
+                    return
+                self.endpoint = Endpoint(self.cfg.prometheus.host, server.port, server,
+                                         server.scheme)
+            log.warning("mfotel: rank %d serves /metrics on %s:%d now (the port was freed)",
+                        self.identity.rank, self.cfg.prometheus.host, port)
+            return
 
     def routes(self) -> dict[str, WsgiApp]:
         """The documented paths of the endpoint; every other path answers 404."""
@@ -315,9 +357,11 @@ class Telemetry:
         return False
 
     def stop_endpoint(self) -> None:
-        if self.endpoint is not None:
-            self.endpoint.server.close()
-            self.endpoint = None
+        self._stopped.set()  # a bind still waiting for its port gives up
+        with self._binding:
+            if self.endpoint is not None:
+                self.endpoint.server.close()
+                self.endpoint = None
 
     def shutdown(self) -> None:
         """Flush OTLP, stop the endpoint; safe to call twice."""

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -22,6 +25,7 @@ from mfotel.cluster.discovery import (
 from mfotel.config import ConfigError, parse_config
 from mfotel.identity import RankIdentity
 from tests.support.ranks import rank_exporter
+from tests.support.waiting import settle, wait_for
 
 
 @pytest.mark.parametrize("hosts, per_node, base, expected", [
@@ -223,3 +227,44 @@ def test_targets_subcommand_hook_registers_on_a_cli(capsys):
     args = parser.parse_args(["targets", "--hosts", "n1", "--ranks-per-node", "1"])
     assert args.func(args) == 0
     assert json.loads(capsys.readouterr().out) == [{"targets": ["n1:9464"], "labels": {}}]
+
+
+def test_a_busy_port_is_bound_as_soon_as_it_is_free(port, caplog):
+    """The port held by something else (the lingering rank of the job's last run, another
+    program probing it): the rank warns, counts the error, and serves once the port is free,
+    instead of training the whole run without an endpoint. Stopping gives up a waiting bind."""
+    from mfotel.telemetry import BIND_RETRY_SECONDS
+    from tests.support.endpoint import serve
+    from tests.support.http import get
+    holder = _listening(port)
+    with caplog.at_level(logging.WARNING, logger="mfotel"):
+        telemetry, instruments = serve(port)
+    try:
+        assert telemetry.endpoint is None
+        assert instruments.state.export_errors.get("server") == 1
+        assert "binds as soon as the port is free" in caplog.text
+        holder.close()
+        wait_for(lambda: telemetry.endpoint is not None, settle(5 * BIND_RETRY_SECONDS), 0.1,
+                 "the endpoint bound once the port was free")
+        assert b"mindformers_train_loss" in get(f"http://127.0.0.1:{port}/metrics").body
+        assert f"serves /metrics on 127.0.0.1:{port} now" in caplog.text
+    finally:
+        telemetry.shutdown()
+    # a bind still waiting when the endpoint stops never binds
+    holder = _listening(port)
+    telemetry, _ = serve(port)
+    telemetry.shutdown()
+    holder.close()
+    time.sleep(2 * BIND_RETRY_SECONDS)
+    assert telemetry.endpoint is None
+    _listening(port).close()  # nobody took it
+
+
+def _listening(port: int) -> socket.socket:
+    """A socket listening on 127.0.0.1:port (SO_REUSEADDR, as servers bind: a closed scrape's
+    TIME_WAIT does not hold the port)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
