@@ -293,7 +293,7 @@ class Telemetry:
         if not port:
             return
         try:
-            server = self._bind(port)
+            endpoint = self._bind(port)
         except OSError as exc:
             self.on_error("server")
             busy = exc.errno == errno.EADDRINUSE
@@ -308,21 +308,22 @@ class Telemetry:
                 threading.Thread(target=self._bind_when_free, args=(port,),
                                  name="mfotel-bind", daemon=True).start()
             return
-        self.endpoint = Endpoint(prom.host, server.port, server, server.scheme)
+        self.endpoint = endpoint
 
-    def _bind(self, port: int) -> Server:
+    def _bind(self, port: int) -> Endpoint:
         prom = self.cfg.prometheus
         limits = Limits(max_connections=prom.max_connections,
                         request_timeout=prom.request_timeout_seconds)
-        return serve_endpoint(Router(self.routes()), prom.host, port, self.web, limits,
-                              prom.auth_failures_per_second, self.on_error)
+        server = serve_endpoint(Router(self.routes()), prom.host, port, self.web, limits,
+                                prom.auth_failures_per_second, self.on_error)
+        return Endpoint(prom.host, server.port, server, server.scheme)
 
     def _bind_when_free(self, port: int) -> None:
         """A busy port (the lingering rank of the last run, a port probe): bind once it frees,
         until the endpoint is stopped."""
         while not self._stopped.wait(BIND_RETRY_SECONDS):
             try:
-                server = self._bind(port)
+                endpoint = self._bind(port)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     continue
@@ -332,10 +333,9 @@ class Telemetry:
                 return
             with self._binding:
                 if self._stopped.is_set():
-                    server.close()
+                    endpoint.server.close()
                     return
-                self.endpoint = Endpoint(self.cfg.prometheus.host, server.port, server,
-                                         server.scheme)
+                self.endpoint = endpoint
             log.warning("mfotel: rank %d serves /metrics on %s:%d now (the port was freed)",
                         self.identity.rank, self.cfg.prometheus.host, port)
             return
