@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mfotel.alerting.rules import RulesConfig, write_rules
+from mfotel.alerting.rules import STEP_MEAN, RulesConfig, write_rules
 from mfotel.localstack.servers import Prometheus, free_port
 from tests.support.metrics import value
 from tests.support.multirank import (
@@ -73,7 +73,32 @@ def _prometheus_checks(prom: Prometheus) -> dict[str, list[dict]]:
         seen[name] = wait_for(lambda expr=expr, want=want:
                               (r := prom.query(expr)) and len(r) == want and r,
                               settle(2 * INTERVAL, INTERVAL), message=f"Prometheus {name}: {expr}")
+    seen["step_mean_raw"] = _raw_step_means(prom, sel)
     return seen
+
+
+def _raw_step_means(prom: Prometheus, sel: str) -> list[dict]:
+    """Each rank's recorded mean step time beside the mean of the raw samples of the same
+    1-minute window (no extrapolation), and how many samples that window held.
+
+    rate() extrapolates _sum and _count each towards the window's start by 0 to 1.1 scrape
+    intervals, by different amounts in a series' first minute (one is cut at its zero point,
+    the other is not): a recorded mean can then sit below every step's time.
+    """
+    dur = "mindformers_train_step_duration_seconds"
+    at = {r["metric"]["rank"]: float(r["value"][1])
+          for r in prom.query(f"timestamp({STEP_MEAN}{{{sel}}})")}
+    out = []
+    for rank, ts in sorted(at.items()):
+        one = f'{sel},rank="{rank}"'
+        grew = {part: f"(max_over_time({dur}_{part}{{{one}}}[1m])"
+                      f" - min_over_time({dur}_{part}{{{one}}}[1m]))" for part in ("sum", "count")}
+        queries = {"recorded": f"{STEP_MEAN}{{{one}}}",
+                   "raw": f"{grew['sum']} / {grew['count']}",
+                   "samples": f"count_over_time({dur}_count{{{one}}}[1m])"}
+        values = {k: value_of(prom.query(q, ts)) for k, q in queries.items()}
+        out.append({"rank": rank, "at": ts, **{k: v[0] if v else None for k, v in values.items()}})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +233,16 @@ def test_prometheus_scraped_both_ranks_through_file_sd(dp_run):
 def test_job_level_recording_rules_have_values(dp_run):
     prom = dp_run.prom
     assert sorted(r["metric"]["rank"] for r in prom["step_mean"]) == ["0", "1"]
-    # each step sleeps (train_dp.py's Truth callback, before OTelMonitor's end mark)
-    assert all(v >= STEP_SLEEP for v in value_of(prom["step_mean"])), prom["step_mean"]
+    # each step sleeps (train_dp.py's Truth callback, before OTelMonitor's end mark): the mean
+    # of the raw samples is at least that; the recorded rate() mean is within what extrapolating
+    # _sum and _count by 0 to 1.1 scrape intervals each can make of it (_raw_step_means)
+    raw = prom["step_mean_raw"]
+    assert [r["rank"] for r in raw] == ["0", "1"], raw
+    for r in raw:
+        assert r["raw"] >= STEP_SLEEP, raw
+        k = r["samples"] - 1  # scrape intervals the window's samples span
+        assert k >= 1, raw
+        assert k / (k + 1.1) <= r["recorded"] / r["raw"] <= (k + 1.1) / k, raw
     assert value_of(prom["ranks_running"]) == [2.0]
     assert value_of(prom["samples_rate"])[0] > 0
     assert value_of(prom["spread"])[0] >= 1
