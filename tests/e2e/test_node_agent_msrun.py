@@ -33,6 +33,7 @@ from mfotel.localstack.servers import Prometheus
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, VENV_BIN, child_env, free_port_block, stop
 from tests.support.processes import running, session, tree
+from tests.support.scripts.handover import write_atomically
 from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
@@ -211,9 +212,10 @@ def test_an_alive_rank_that_does_not_answer_warns_and_never_pages(tmp_path, msru
         both_running(prom, job)
         workers = job.workers()
         # ---- rank 1 holds the GIL for a minute, in the middle of the run
-        (job.faults / "hold-1").write_text(str(GIL_SECONDS))
+        write_atomically(job.faults / "hold-1", str(GIL_SECONDS))
         wait_for(lambda: (job.faults / "held-1").exists(),
-                 settle(60), 0.25, "rank 1 holding the GIL")
+                 settle(60), 0.25, "rank 1 holding the GIL", alive=(job.process,),
+                 details=lambda: job.output()[-3000:])
         held_at = float((job.faults / "held-1").read_text())
         with pytest.raises(OSError, match="timed out"):  # its /metrics is blocked
             scrape_within(job.rank_url(1), 2.0)

@@ -29,6 +29,7 @@ from mfotel.integrations.node_service import config_argument, node_port, trainin
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, child_env, free_port_block, stop
 from tests.support.processes import running, tree
+from tests.support.scripts.handover import write_atomically
 from tests.support.waiting import settle, wait_for
 
 INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
@@ -416,7 +417,7 @@ def test_a_stopped_rank_and_a_rank_holding_the_gil_are_alive_and_not_answering(a
           job.value("mfotel_node_rank_endpoint_up", 1) == 1, "rank 1 back")
 
     hold = 8
-    (job.control / "hold-2").write_text(str(hold))
+    write_atomically(job.control / "hold-2", str(hold))
     until(lambda: (job.control / "held-2").exists(), "rank 2 holding the GIL")
     # its own /metrics is silent (the GIL is held), its process runs
     with pytest.raises(TimeoutError):
@@ -478,7 +479,7 @@ def test_a_killed_rank_is_named_with_its_signal_before_the_launcher_kills_the_re
 def test_an_exit_code_is_reported_and_a_second_signal_ends_the_linger(agent_job):
     job = agent_job(2, linger=300.0)
     until(lambda: job.state(1) == "running" and job.node(), "rank 1 running")
-    (job.control / "exit-1").write_text("3")
+    write_atomically(job.control / "exit-1", "3")
     info = until(lambda: job.exit_info(1), "rank 1's exit")
     assert (info["cause"], info["exit_code"], info.get("signal", "")) == ("exit_code", "3", "")
     until(lambda: "stays up 300 s" in job.output(), "the linger")
@@ -558,7 +559,7 @@ def test_a_rank_killed_by_the_oom_killer_is_told_from_kill_9(agent_job, memory_c
     rss = procfs.read_stat(job.pids[1]).rss_bytes
     (folder / limit).write_text(str(rss + (64 << 20)))
     time.sleep(2 * PROBE_INTERVAL + 0.5)  # a scan sees the rank in its new cgroup
-    (job.control / "alloc-1").write_text("256")
+    write_atomically(job.control / "alloc-1", "256")
     info = until(lambda: job.exit_info(1), "rank 1's exit")
     assert (info["cause"], info["signal"], info["signal_name"]) == ("oom", "9", "SIGKILL")
     assert procfs.oom_kill_count(folder / files_name(limit)) >= 1

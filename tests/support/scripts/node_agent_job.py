@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from handover import write_atomically
+
 _PR_SET_PDEATHSIG = 1
 #: A rank forks its helper this long after it started, as a rank starts its dataset workers
 #: at train begin: after the node agent knew it.
@@ -54,7 +56,7 @@ def worker(args: argparse.Namespace) -> int:
           registry=registry).labels(args.job_name, str(rank), str(rank)).set(1)
     steps = Counter("mindformers_train_steps", "steps", ["job_name", "rank"], registry=registry)
     start_http_server(args.port + rank, addr="127.0.0.1", registry=registry)
-    (control / f"pid-{rank}").write_text(str(os.getpid()))
+    write_atomically(control / f"pid-{rank}", str(os.getpid()))
     started, helper = time.monotonic(), 0
     hold = ctypes.PyDLL(ctypes.util.find_library("c")).sleep  # never releases the GIL
     hoard: list[bytearray] = []
@@ -62,13 +64,13 @@ def worker(args: argparse.Namespace) -> int:
         steps.labels(args.job_name, str(rank)).inc()
         if not helper and time.monotonic() - started > HELPER_AFTER_SECONDS:
             helper = fork_helper(args.orphan_helpers)
-            (control / f"helper-{rank}").write_text(str(helper))
+            write_atomically(control / f"helper-{rank}", str(helper))
         if (control / f"hold-{rank}").exists():
             seconds = int((control / f"hold-{rank}").read_text())
             (control / f"hold-{rank}").unlink()
-            (control / f"held-{rank}").write_text(str(time.time()))
+            write_atomically(control / f"held-{rank}", str(time.time()))
             hold(seconds)
-            (control / f"released-{rank}").write_text(str(time.time()))
+            write_atomically(control / f"released-{rank}", str(time.time()))
         if (control / f"alloc-{rank}").exists():
             mebibytes = int((control / f"alloc-{rank}").read_text())
             (control / f"alloc-{rank}").unlink()

@@ -20,6 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples" / "multirank"))
 import train_dp
+from handover import write_atomically
 
 EXIT_STATUS = 3
 
@@ -45,9 +46,9 @@ def with_faults(inner: Any, folder: Path) -> Any:
             if trigger.exists():
                 seconds = int(trigger.read_text())
                 trigger.unlink()
-                (folder / f"held-{rank}").write_text(str(time.time()))
+                write_atomically(folder / f"held-{rank}", str(time.time()))
                 hold(seconds)
-                (folder / f"released-{rank}").write_text(str(time.time()))
+                write_atomically(folder / f"released-{rank}", str(time.time()))
             if (folder / f"raise-{rank}").exists():
                 raise InjectedFault(f"rank {rank}: fault injected by the test")
     return Faults()
