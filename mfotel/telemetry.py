@@ -289,7 +289,7 @@ class Telemetry:
         for collector in collectors:
             self.registry.register(collector)
         self.app = CachedMetricsApp(self.registry, collectors)
-        port, prom = self.port, self.cfg.prometheus
+        port = self.port
         if not port:
             return
         try:
@@ -297,18 +297,19 @@ class Telemetry:
         except OSError as exc:
             self.on_error("server")
             busy = exc.errno == errno.EADDRINUSE
-            log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training continues "
-                        "%s. Fix: free the port or set monitor_config.prometheus.port (this "
-                        "rank uses port + local rank %d)", self.identity.rank, prom.host, port,
-                        exc.strerror or exc,
-                        f"and it binds as soon as the port is free (tried every "
-                        f"{BIND_RETRY_SECONDS:g} s)" if busy else "without this endpoint",
-                        self.identity.local_rank)
+            self._cannot_serve(port, exc, f"and it binds as soon as the port is free (tried every "
+                               f"{BIND_RETRY_SECONDS:g} s)" if busy else "without this endpoint")
             if busy:  # often a run of the job that lingers for its final scrape
                 threading.Thread(target=self._bind_when_free, args=(port,),
                                  name="mfotel-bind", daemon=True).start()
             return
         self.endpoint = endpoint
+
+    def _cannot_serve(self, port: int, exc: OSError, then: str) -> None:
+        log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training continues "
+                    "%s. Fix: free the port or set monitor_config.prometheus.port (this rank "
+                    "uses port + local rank %d)", self.identity.rank, self.cfg.prometheus.host,
+                    port, exc.strerror or exc, then, self.identity.local_rank)
 
     def _bind(self, port: int) -> Endpoint:
         prom = self.cfg.prometheus
@@ -327,9 +328,7 @@ class Telemetry:
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     continue
-                log.warning("mfotel: rank %d cannot serve /metrics on %s:%d (%s); training "
-                            "continues without this endpoint", self.identity.rank,
-                            self.cfg.prometheus.host, port, exc.strerror or exc)
+                self._cannot_serve(port, exc, "without this endpoint")
                 return
             with self._binding:
                 if self._stopped.is_set():

@@ -24,6 +24,9 @@ from mfotel.cluster.discovery import (
 )
 from mfotel.config import ConfigError, parse_config
 from mfotel.identity import RankIdentity
+from mfotel.telemetry import BIND_RETRY_SECONDS
+from tests.support.endpoint import serve
+from tests.support.http import get
 from tests.support.ranks import rank_exporter
 from tests.support.waiting import settle, wait_for
 
@@ -233,9 +236,6 @@ def test_a_busy_port_is_bound_as_soon_as_it_is_free(port, caplog):
     """The port held by something else (the lingering rank of the job's last run, another
     program probing it): the rank warns, counts the error, and serves once the port is free,
     instead of training the whole run without an endpoint. Stopping gives up a waiting bind."""
-    from mfotel.telemetry import BIND_RETRY_SECONDS
-    from tests.support.endpoint import serve
-    from tests.support.http import get
     holder = _listening(port)
     with caplog.at_level(logging.WARNING, logger="mfotel"):
         telemetry, instruments = serve(port)
