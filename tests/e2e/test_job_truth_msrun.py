@@ -9,7 +9,6 @@ test prints what it measured (`pytest -s`), the figures docs/alerting.md quotes.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -44,11 +43,6 @@ def _rounded(values: dict[str, float], digits: int = 3) -> dict[str, float]:
 
 def _ranks(alerts: list[dict[str, str]]) -> list[str]:
     return sorted(alert.get("rank", "-") for alert in alerts)
-
-
-def _truth(job: FaultyJob, rank: int) -> dict:
-    """What rank `rank` computed (loss and grad norm per step), from its truth file."""
-    return json.loads((job.truth / f"rank_{rank}.json").read_text())
 
 
 def _descriptions(job: FaultyJob, alertname: str) -> list[str]:
@@ -91,16 +85,19 @@ def test_compute_bound_straggler_blames_no_rank_and_the_job_slows(tmp_path):
     device) with a busy process pinned to its core. Every rank's step lengthens alike: no rank
     is named, the job's throughput alert fires."""
     trigger = tmp_path / "slow-now"
-    with FaultyJob(tmp_path, "compute", seconds=1.0, pin=True, trigger=trigger) as job:
+    # Steps of at least 50 ms: the healthy part lasts >= 1,000 s however idle the machine (the
+    # bare step takes ~10 ms on an idle one: 5,000 steps ended the job before the fault).
+    with FaultyJob(tmp_path, "compute", seconds=1.0, pin=True, trigger=trigger,
+                   step_sleep=0.05, steps=20000) as job:
         job.wait_running()
         # a baseline for the throughput rule: its window plus its baseline window of steps
         rank0 = job.sel('rank="0"')
-        wait_for(lambda: job.query(
+        job.wait(lambda: job.query(
             f"count_over_time(mindformers_train_status{{{rank0}}}[85s]) >= 80"),
-            settle(300), 2.0, "85 s of running")
+            300, 2.0, "85 s of running")
         # other tests beside this one can slow the whole job too: start the fault from a
         # quiet rule, so that the drop that fires afterwards is the fault's
-        wait_for(lambda: not _active(job, "MindFormersThroughputDrop"), settle(240), 2.0,
+        job.wait(lambda: not _active(job, "MindFormersThroughputDrop"), 240, 2.0,
                  "no throughput drop pending or firing before the fault")
         before = job.value_by_rank(_step_mean(job, "30s"))
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
@@ -181,7 +178,7 @@ def test_nan_pages_once_naming_the_rank_it_started_on(tmp_path):
                  settle(60), 0.25, "the rule's alert")
         # the group's next notification would come group_interval (1m) later: wait it out
         time.sleep(_group_interval(job, first.labels) + 15)
-        first_nan = {rank: min(int(step) for step, loss in _truth(job, rank)["losses"].items()
+        first_nan = {rank: min(int(step) for step, loss in job.truth_of(rank)["losses"].items()
                                if loss != loss) for rank in (0, 1)}
         origin = first_nan[1]
         assert first_nan[0] == origin + 1, first_nan
@@ -209,7 +206,7 @@ def test_silent_nan_weights_page_once_for_the_job(tmp_path):
         job.wait_running(seconds=5)
         job.trigger()
         [page] = job.wait_notified("MindFormersGradNormNotFinite", timeout=120)
-        truth = {rank: _truth(job, rank) for rank in (0, 1)}
+        truth = {rank: job.truth_of(rank) for rank in (0, 1)}
         nan_steps = {rank: [int(s) for s, v in data["grad_norms"].items() if v != v]
                      for rank, data in truth.items()}
         assert nan_steps[0] == nan_steps[1] and len(nan_steps[0]) == 1, nan_steps

@@ -17,8 +17,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mfotel.alerting.rules import RulesConfig
 from mfotel.alerting.webhook import ReceivedAlert
@@ -28,7 +29,6 @@ from tests.support.multirank import (
     child_env,
     free_port,
     free_port_block,
-    read_json,
     start,
     stop,
 )
@@ -47,6 +47,28 @@ JOB_RULES = RulesConfig(
     throughput_window="20s", throughput_baseline_window="1m", throughput_drop_for="5s",
     failed_lookback="5m")
 INTERVAL = 1.0
+T = TypeVar("T")
+
+
+def read_truth(path: Path) -> dict[str, Any]:
+    """A rank's truth file (faulty_dp.py `--truth-dir`): {"pid": int | None, "losses": {step:
+    loss}, "grad_norms": {step: norm}}, steps as strings. A last line still being appended
+    (no newline yet) is left for the next read."""
+    found: dict[str, Any] = {"pid": None, "losses": {}, "grad_norms": {}}
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return found
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        record = json.loads(line)
+        if "pid" in record:
+            found["pid"] = int(record["pid"])
+        else:
+            found["losses"][str(record["step"])] = record["loss"]
+            found["grad_norms"][str(record["step"])] = record["grad_norm"]
+    return found
 
 
 class FaultyJob:
@@ -102,13 +124,17 @@ class FaultyJob:
         self.msrun = start(command, child_env(**self.env), self.workdir / "msrun.log", self.workdir)
 
     def pids(self) -> dict[int, int]:
-        """rank -> pid of the ranks that wrote their truth file."""
+        """rank -> pid of the ranks that began writing their truth file."""
         found = {}
         for rank in range(self.ranks):
-            data = read_json(self.truth / f"rank_{rank}.json")
-            if data:
-                found[rank] = int(data["pid"])
+            pid = self.truth_of(rank)["pid"]
+            if pid is not None:
+                found[rank] = pid
         return found
+
+    def truth_of(self, rank: int) -> dict[str, Any]:
+        """What rank `rank` computed so far (`read_truth` of its file)."""
+        return read_truth(self.truth / f"rank_{rank}.jsonl")
 
     def stop(self) -> None:
         """Cancel the ranks (SIGTERM: they report cancelled and linger), then msrun and the
@@ -164,8 +190,24 @@ class FaultyJob:
         expr = f"mindformers_train_status{{{self.sel()}}} == 1"
         if seconds:
             expr = f"count_over_time(({expr})[{int(seconds)}s:1s]) >= {int(seconds)}"
-        wait_for(lambda: len(self.query(expr)) == self.ranks, settle(timeout), 1.0,
-                 "every rank running in Prometheus", alive=(self.msrun,) if self.join else ())
+        self.wait(lambda: len(self.query(expr)) == self.ranks, timeout, 1.0,
+                  "every rank running in Prometheus")
+
+    def wait(self, predicate: Callable[[], T], timeout: float, interval: float,
+             message: str) -> T:
+        """`wait_for` (timeout scaled by `settle`) for what needs the job running: a joined
+        job that ends first (msrun exits when every rank has) fails the wait at once, with
+        the ranks' last log lines."""
+        return wait_for(predicate, settle(timeout), interval, message,
+                        alive=(self.msrun,) if self.join else (), details=self.log_tail)
+
+    def log_tail(self, lines: int = 5) -> str:
+        """The last `lines` lines of each rank's msrun log."""
+        tails = []
+        for log in sorted((self.workdir / "msrun-logs").glob("worker_*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            tails.append(f"{log.name}:\n" + "\n".join(tail))
+        return "\n".join(tails)
 
     def trigger(self) -> float:
         """Start a fault waiting for its trigger file; the unix time it did."""
@@ -178,7 +220,8 @@ class FaultyJob:
             f'ALERTS{{{self.sel(f"alertname={json.dumps(alertname)}")}, alertstate="firing"}}')]
 
     def wait_alert(self, alertname: str, timeout: float) -> list[dict[str, str]]:
-        return wait_for(lambda: self.firing(alertname), settle(timeout), 1.0, f"{alertname} firing")
+        """The firing `alertname` alerts, once there are any; the job must be running."""
+        return self.wait(lambda: self.firing(alertname), timeout, 1.0, f"{alertname} firing")
 
     def ever_fired(self, alertname: str, window: str = "30m") -> list[dict[str, str]]:
         """Every (label set of) `alertname` that fired since the job began (within `window`)."""

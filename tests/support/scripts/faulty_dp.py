@@ -18,8 +18,9 @@ fault hits `--fault-rank` from global step `--fault-at` on (or once `--trigger` 
 - die: SIGKILLs itself at the end of that step.
 
 `--pin` pins rank r to CPU r modulo the CPU count (as `taskset` would, before any thread
-starts). `--truth-dir DIR` writes each rank's pid and its per-step loss and gradient norm to
-`DIR/rank_<r>.json` at every step.
+starts). `--truth-dir DIR`: each rank appends its pid, then its loss and gradient norm at
+every step, one JSON object a line, to `DIR/rank_<r>.jsonl` (appending: a step costs the same
+at step 10 and at step 10,000; tests/support/jobtruth.py `read_truth` reads it back).
 """
 from __future__ import annotations
 
@@ -98,12 +99,8 @@ def fault_callback(args: argparse.Namespace, rank: int, truth: Path | None) -> A
     from mindspore.train import Callback
 
     class Fault(Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.data: dict[str, Any] = {"pid": os.getpid(), "losses": {}, "grad_norms": {}}
-
         def on_train_begin(self, run_context: Any) -> None:
-            self._write()
+            self._append({"pid": os.getpid()})
 
         def _active(self, step: int) -> bool:
             return rank == args.fault_rank and step >= args.fault_at and (
@@ -120,18 +117,16 @@ def fault_callback(args: argparse.Namespace, rank: int, truth: Path | None) -> A
             cb = run_context.original_args()
             step = int(cb.cur_step_num)
             loss, norm = cb.net_outputs
-            self.data["losses"][str(step)] = float(loss.asnumpy())
-            self.data["grad_norms"][str(step)] = float(norm.asnumpy())
-            self._write()
+            self._append({"step": step, "loss": float(loss.asnumpy()),
+                          "grad_norm": float(norm.asnumpy())})
             if args.fault == "die" and self._active(step):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        def _write(self) -> None:
+        def _append(self, record: dict[str, Any]) -> None:
             if truth is None:
                 return
-            tmp = truth.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.data))
-            os.replace(tmp, truth)
+            with truth.open("a") as out:   # one write of a whole line; NaN as JSON's NaN
+                out.write(json.dumps(record) + "\n")
     return Fault()
 
 
@@ -167,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     truth = None
     if args.truth_dir:
         Path(args.truth_dir).mkdir(parents=True, exist_ok=True)
-        truth = Path(args.truth_dir) / f"rank_{rank}.json"
+        truth = Path(args.truth_dir) / f"rank_{rank}.jsonl"
     # OTelMonitor first: the fault's step-begin work falls inside the timed step
     callbacks = [OTelMonitor(**settings), fault_callback(args, rank, truth)]
     model = build_model(args.steps, args.batch_size, "constant")
