@@ -8,6 +8,7 @@ lines so that the hold is tested in seconds. Real msrun jobs: tests/e2e/test_lau
 from __future__ import annotations
 
 import os
+import platform
 import pty
 import select
 import signal
@@ -244,6 +245,10 @@ def test_bad_options_are_clear_errors(tmp_path, args, message):
 
 
 # ---------------------------------------------------------------- fast: a real terminal
+#: The read(2) system call's number, as /proc/PID/syscall shows it.
+READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}
+
+
 class Terminal:
     """mfotel-instrument COMMAND as the session leader of a new pseudo terminal, like a shell
     running it in the foreground."""
@@ -271,6 +276,24 @@ class Terminal:
 
     def type(self, keys: bytes) -> None:
         os.write(self.fd, keys)
+
+    def wait_reading(self, timeout: float = 60) -> None:
+        """Until the command (the launcher's child) is blocked reading the terminal (fd 0).
+        A Ctrl-C typed a moment earlier, between its last output and its read(), runs Python's
+        handler with no read() to interrupt: input() then waits on, with or without mfotel."""
+        read = READ_SYSCALL[platform.machine()]
+
+        def reading() -> bool:
+            for pid in tree(self.pid):
+                try:
+                    call = Path(f"/proc/{pid}/syscall").read_text().split()
+                except OSError:
+                    continue
+                if call[:2] == [read, "0x0"]:
+                    return True
+            return False
+        wait_for(reading, timeout, 0.02, "the command blocked reading the terminal",
+                 details=lambda: f"the terminal shows {self.output!r}\n{self.job_state()}")
 
     def wait(self, timeout: float = 60) -> int:
         def exited() -> bool:
@@ -354,6 +377,7 @@ def test_a_command_reading_the_terminal_gets_it_and_ctrl_c_as_without_mfotel(ter
     term.expect(b"name?")
     term.type(b"hello\r")
     term.expect(b"HELLO")
+    term.wait_reading()
     term.type(b"\x03")  # the command holds the foreground now: KeyboardInterrupt, as usual
     status = term.wait()
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT
