@@ -85,10 +85,9 @@ def test_compute_bound_straggler_blames_no_rank_and_the_job_slows(tmp_path):
     device) with a busy process pinned to its core. Every rank's step lengthens alike: no rank
     is named, the job's throughput alert fires."""
     trigger = tmp_path / "slow-now"
-    # Steps of at least 50 ms: the healthy part lasts >= 1,000 s however idle the machine (the
-    # bare step takes ~10 ms on an idle one: 5,000 steps ended the job before the fault).
+    # steps of at least 50 ms: the job outlasts the test however idle the machine
     with FaultyJob(tmp_path, "compute", seconds=1.0, pin=True, trigger=trigger,
-                   step_sleep=0.05, steps=20000) as job:
+                   step_sleep=0.05) as job:
         job.wait_running()
         # a baseline for the throughput rule: its window plus its baseline window of steps
         rank0 = job.sel('rank="0"')
@@ -252,7 +251,8 @@ def test_dead_rank_is_paged_by_name_and_the_stall_it_causes_is_not(tmp_path):
     Prometheus (threshold 10 s here, so within that window) and is muted by it."""
     trigger = tmp_path / "die-now"
     rules_ = dataclasses.replace(JOB_RULES, stall_seconds=10, rank_down_for="5s")
-    with FaultyJob(tmp_path, "die", trigger=trigger, join=False, rules=rules_) as job:
+    with FaultyJob(tmp_path, "die", trigger=trigger, join=False, rules=rules_,
+                   step_sleep=0.05) as job:
         job.wait_running(seconds=5)
         pids = job.pids()
         killed_at = job.trigger()

@@ -47,6 +47,9 @@ JOB_RULES = RulesConfig(
     throughput_window="20s", throughput_baseline_window="1m", throughput_drop_for="5s",
     failed_lookback="5m")
 INTERVAL = 1.0
+#: Steps of a job: with a step sleep of 50 ms, >= 1,000 s of training however idle the machine
+#: (a bare step takes 6-10 ms here; 5,000 of them ended jobs before their fault).
+STEPS = 20000
 T = TypeVar("T")
 
 
@@ -78,13 +81,14 @@ class FaultyJob:
     def __init__(self, workdir: Path, fault: str, ranks: int = 2, fault_rank: int = 1,
                  job_name: str = "jt", fast_path: bool = False, join: bool = True,
                  rules: RulesConfig = JOB_RULES, env: dict[str, str] | None = None,
-                 **options: Any) -> None:
+                 steps: int = STEPS, **options: Any) -> None:
         """`join=False`: msrun starts the job and returns, leaving the ranks alone (with
         `--join=True` it SIGKILLs every rank as soon as one exits with an error). `env`: more
-        environment for msrun and its ranks (MindSpore's own settings, e.g. MS_NODE_TIMEOUT)."""
+        environment for msrun and its ranks (MindSpore's own settings, e.g. MS_NODE_TIMEOUT).
+        `options`: faulty_dp.py's other flags (seconds=1.0 is `--seconds 1.0`)."""
         self.workdir, self.fault, self.ranks = workdir, fault, ranks
         self.fault_rank, self.job_name, self.fast_path = fault_rank, job_name, fast_path
-        self.join, self.options, self.env = join, options, env or {}
+        self.join, self.options, self.env = join, {"steps": steps, **options}, env or {}
         self.port = 0
         self.truth = workdir / "truth"
         self.targets = workdir / "targets" / "job.json"
@@ -210,9 +214,17 @@ class FaultyJob:
         return "\n".join(tails)
 
     def trigger(self) -> float:
-        """Start a fault waiting for its trigger file; the unix time it did."""
+        """Start a fault waiting for its trigger file; the unix time it did. Every rank must
+        still have steps to train: a job that ran out of steps first (fast steps on an idle
+        machine) would leave the test waiting for an alert of a fault that never happened."""
         path = Path(self.options["trigger"])
         path.touch()
+        steps = int(self.options["steps"])
+        trained = {rank: max(map(int, self.truth_of(rank)["losses"]), default=0)
+                   for rank in range(self.ranks)}
+        assert all(step < steps for step in trained.values()), (
+            f"the job trained all its {steps} steps before the fault (last step by rank: "
+            f"{trained}): give it more steps or a step sleep")
         return path.stat().st_mtime
 
     def firing(self, alertname: str) -> list[dict[str, str]]:

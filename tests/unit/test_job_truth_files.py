@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
-from tests.support.jobtruth import read_truth
+import pytest
+
+from tests.support.jobtruth import FaultyJob, read_truth
 
 
 def _line(record: dict) -> str:
@@ -38,3 +41,20 @@ def test_a_line_still_being_appended_is_left_for_the_next_read(tmp_path: Path) -
         assert sorted(read_truth(path)["losses"]) == ["1"], cut
     path.write_text(whole + last)
     assert read_truth(path)["losses"] == {"1": 1.0, "2": 0.5}
+
+
+def _trained(path: Path, steps: int) -> None:
+    path.write_text(_line({"pid": 1}) + "".join(
+        _line({"step": step, "loss": 1.0, "grad_norm": 1.0}) for step in range(1, steps + 1)))
+
+
+def test_a_fault_triggered_after_a_ranks_last_step_fails_at_once(tmp_path: Path) -> None:
+    """FaultyJob.trigger: a job that trained all its steps first never sees the fault."""
+    job = SimpleNamespace(options={"trigger": str(tmp_path / "now"), "steps": 3}, ranks=2,
+                          truth_of=lambda rank: read_truth(tmp_path / f"rank_{rank}.jsonl"))
+    _trained(tmp_path / "rank_0.jsonl", 2)
+    _trained(tmp_path / "rank_1.jsonl", 3)
+    with pytest.raises(AssertionError, match=r"trained all its 3 steps .*\{0: 2, 1: 3\}"):
+        FaultyJob.trigger(job)  # type: ignore[arg-type]
+    _trained(tmp_path / "rank_1.jsonl", 2)
+    assert FaultyJob.trigger(job) == (tmp_path / "now").stat().st_mtime  # type: ignore[arg-type]
