@@ -293,7 +293,7 @@ class Terminal:
                     return True
             return False
         wait_for(reading, timeout, 0.02, "the command blocked reading the terminal",
-                 details=lambda: f"the terminal shows {self.output!r}\n{self.job_state()}")
+                 details=self.shows)
 
     def wait(self, timeout: float = 60) -> int:
         def exited() -> bool:
@@ -307,9 +307,13 @@ class Terminal:
                 pass
             return False
         wait_for(exited, timeout, 0, "mfotel-instrument to exit",
-                 details=lambda: f"the terminal shows {self.output!r}\n{self.job_state()}")
+                 details=self.shows)
         assert self.status is not None
         return self.status
+
+    def shows(self) -> str:
+        """What the terminal shows and the job's state (a failed wait's details)."""
+        return f"the terminal shows {self.output!r}\n{self.job_state()}"
 
     def job_state(self) -> str:
         """Who holds the terminal, and each process's state, group and signal masks (what a
