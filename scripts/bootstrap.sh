@@ -17,8 +17,18 @@ extras="mindspore"
 [ "$mode" = "test" ] && extras="mindspore,mindformers,dev,plot,otlp"
 stamp=".venv/.mfotel-$mode-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-    echo "bootstrap: installing mfotel[$extras] into .venv (MindSpore is ~800 MB; pip caches it)"
-    .venv/bin/pip install --quiet -e ".[$extras]"
+    # uv installs from its cache by linking, not unpacking: a fresh .venv in ~15 s here
+    # instead of pip's ~90 s (MindSpore and its dependencies are ~2 GB unpacked). Where uv
+    # cannot be had (an index without it), pip does the same install.
+    if [ ! -x .venv/bin/uv ] && ! .venv/bin/pip install --quiet uv; then
+        echo "bootstrap: uv not available; installing with pip (slower)" >&2
+    fi
+    echo "bootstrap: installing mfotel[$extras] into .venv (MindSpore is ~800 MB; uv and pip cache it)"
+    if [ -x .venv/bin/uv ]; then
+        .venv/bin/uv pip install --quiet --python .venv/bin/python -e ".[$extras]"
+    else
+        .venv/bin/pip install --quiet -e ".[$extras]"
+    fi
     touch "$stamp"
 fi
 
