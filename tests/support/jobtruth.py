@@ -201,9 +201,11 @@ class FaultyJob:
              message: str) -> T:
         """`wait_for` (timeout scaled by `settle`) for what needs the job running: a joined
         job that ends first (msrun exits when every rank has) fails the wait at once, with
-        the ranks' last log lines."""
+        the ranks' last log lines. A query that times out is "not yet" (a Prometheus on a
+        machine at a load of 12 took more than 5 s to answer a query now and then)."""
         return wait_for(predicate, settle(timeout), interval, message,
-                        alive=(self.msrun,) if self.join else (), details=self.log_tail)
+                        alive=(self.msrun,) if self.join else (), ignore=(TimeoutError,),
+                        details=self.log_tail)
 
     def log_tail(self, lines: int = 5) -> str:
         """The last `lines` lines of each rank's msrun log."""

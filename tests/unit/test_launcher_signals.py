@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.cli import INSTRUMENT
 from tests.support.multirank import child_env, stop
-from tests.support.processes import TAG, kill_tagged, proc_stat, running, tree
+from tests.support.processes import TAG, kill_tagged, running, signal_states, tree
 from tests.support.waiting import settle, wait_for
 
 
@@ -47,6 +47,24 @@ def launched(tmp_path) -> Iterator[list[subprocess.Popen]]:
     for process in started:
         stop(process, timeout=5)
     kill_tagged(str(tmp_path))
+
+
+def exit_status(process: subprocess.Popen, timeout: float = 60) -> int:
+    """The launcher's exit status; if it is still running after `timeout` s, fail with what
+    it noted so far and where each process of the job waits (signal masks, syscalls)."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        states = signal_states([process.pid, *tree(process.pid)])
+        notes = ""
+        if process.stderr is not None:  # what is in the pipe, without waiting for its end
+            os.set_blocking(process.stderr.fileno(), False)
+            try:
+                notes = os.read(process.stderr.fileno(), 65536).decode(errors="replace")
+            except BlockingIOError:
+                pass
+        raise AssertionError(f"mfotel-instrument still running {timeout:g} s later; its notes:"
+                             f"\n{notes}\nthe job:\n{states}") from None
 
 
 def python(code: str) -> list[str]:
@@ -142,7 +160,7 @@ def test_cancel_reaches_detached_workers_and_their_launcher_cannot_kill_them(
     process, pids = start_policy_job(tmp_path)
     launched.append(process)
     process.send_signal(received)
-    assert process.wait(timeout=60) == -received
+    assert exit_status(process) == -received
     # both lingered to the end, rank 1 two seconds after rank 0 exited: not SIGKILLed
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == [delivered, delivered]
     assert not any(running(pid) for pid in pids)
@@ -159,14 +177,14 @@ def test_with_exec_the_policy_kills_or_orphans_the_workers(tmp_path, launched):
     process, pids = start_policy_job(interrupted, "--exec")
     launched.append(process)
     process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 0  # the policy exits 0 on Ctrl-C
+    assert exit_status(process) == 0  # the policy exits 0 on Ctrl-C
     wait_for(lambda: not any(running(pid) for pid in pids), settle(), message="workers killed")
     assert not list(interrupted.glob("rank*"))
 
     process, pids = start_policy_job(terminated, "--exec")
     launched.append(process)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == -signal.SIGTERM
+    assert exit_status(process) == -signal.SIGTERM
     assert all(running(pid) for pid in pids)  # orphans, still training
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
@@ -183,7 +201,7 @@ def test_status_after_a_cancel(tmp_path, launched, handler_exit, launcher_status
     launched.append(process)
     assert process.stdout.readline() == "ready\n"
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == launcher_status
+    assert exit_status(process) == launcher_status
 
 
 def test_ignored_signal_stays_ignored_and_others_pass_as_they_are(tmp_path, launched):
@@ -199,7 +217,7 @@ def test_ignored_signal_stays_ignored_and_others_pass_as_they_are(tmp_path, laun
     assert process.stdout.readline() == "True\n"
     process.send_signal(signal.SIGHUP)
     process.send_signal(signal.SIGUSR1)
-    assert process.wait(timeout=60) == 5
+    assert exit_status(process) == 5
 
 
 def test_a_cancel_reaches_the_command_when_the_launcher_started_with_it_blocked(
@@ -217,7 +235,7 @@ def test_a_cancel_reaches_the_command_when_the_launcher_started_with_it_blocked(
     launched.append(process)
     assert process.stdout.readline() == f"[{int(signal.SIGALRM)}]\n"
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == -signal.SIGTERM  # not the stop timeout's SIGKILL
+    assert exit_status(process) == -signal.SIGTERM  # not the stop timeout's SIGKILL
 
 
 def test_what_ignores_the_cancel_is_killed_after_the_stop_timeout(tmp_path, launched):
@@ -229,7 +247,7 @@ def test_what_ignores_the_cancel_is_killed_after_the_stop_timeout(tmp_path, laun
     launched.append(process)
     assert process.stdout.readline() == "ready\n"
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == -signal.SIGKILL
+    assert exit_status(process) == -signal.SIGKILL
     assert "still running 1 s after SIGTERM: SIGKILL" in process.stderr.read()
 
 
@@ -322,16 +340,8 @@ class Terminal:
             foreground: int | str = os.tcgetpgrp(self.fd)
         except OSError as exc:
             foreground = str(exc)
-        lines = [f"terminal foreground group: {foreground}"]
-        for pid in (self.pid, *tree(self.pid)):
-            try:
-                status = Path(f"/proc/{pid}/status").read_text().splitlines()
-            except OSError:
-                continue
-            keep = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
-            lines.append(f"pid {pid} group {(proc_stat(pid) or ('?', '?'))[1]}: " + ", ".join(
-                line.replace("\t", " ") for line in status if line.split(":")[0] in keep))
-        return "\n".join(lines)
+        return f"terminal foreground group: {foreground}\n" + \
+            signal_states([self.pid, *tree(self.pid)])
 
     def close(self) -> None:
         if self.status is None:
