@@ -6,10 +6,13 @@ demo:
 	.venv/bin/mfotel demo
 
 # The suite waits on Prometheus, Alertmanager and whole training jobs, and computes in real
-# MindSpore processes: three pytest workers per core keep both cores busy (measured on 2
-# cores: xdist's own order with 3 workers 21.5 min; longest first, tests/support/scheduling.py,
-# with 6 workers 15-16 min, ~1,650 CPU-seconds: CPU-bound). Each test module runs on one
-# worker (loadscope), so its module-scoped servers and training runs start once; the
+# MindSpore processes: three pytest workers per core keep both cores busy. Measured on 2
+# cores: xdist's own order with 3 workers 21.5 min; longest first (tests/support/scheduling.py)
+# with 6 workers 12.4 min (~1,060 CPU-seconds, 142% of the 2 cores). More workers overload the
+# start, when every worker starts a MindSpore job: 10 workers 10.9 min but 3 tests failed
+# (Prometheus answering a query in more than 5 s, false pages of the 32-rank simulation); 8
+# workers beside a busy core 16 min, the simulation's false pages again. Each test module runs
+# on one worker (loadscope), so its module-scoped servers and training runs start once; the
 # whole-job tests and the promtool runs are scheduled one by one.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 3 )))
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope
