@@ -11,7 +11,7 @@ demo:
 # with 6 workers 12.4 min (~1,060 CPU-seconds, 142% of the 2 cores). More workers overload the
 # start, when every worker starts a MindSpore job: 10 workers 10.9 min but 3 tests failed
 # (Prometheus answering a query in more than 5 s, false pages of the 32-rank simulation); 8
-# workers beside a busy core 16 min, the simulation's false pages again. Each test module runs
+# workers beside a busy core: the simulation's false pages again. Each test module runs
 # on one worker (loadscope), so its module-scoped servers and training runs start once; the
 # whole-job tests and the promtool runs are scheduled one by one.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 3 )))

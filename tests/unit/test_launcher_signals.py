@@ -220,6 +220,32 @@ def test_ignored_signal_stays_ignored_and_others_pass_as_they_are(tmp_path, laun
     assert exit_status(process) == 5
 
 
+def test_a_launcher_that_does_not_end_is_reported_with_its_notes_and_signal_states(
+        tmp_path, launched):
+    """Started with SIGTERM ignored, the launcher keeps ignoring it (as nohup asks): the
+    failure exit_status gives then says so, with the launcher's notes and each process's
+    signal masks, threads and syscalls; SIGUSR1 still reaches the command."""
+    process = launch(python("""
+        import signal, sys, time
+        signal.signal(signal.SIGUSR1, lambda *a: sys.exit(5))
+        print("ready", flush=True)
+        time.sleep(300)"""), tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    launched.append(process)
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGTERM)
+    with pytest.raises(AssertionError) as failure:
+        exit_status(process, timeout=2)
+    report = str(failure.value)
+    assert "still running 2 s later" in report
+    launcher = next(line for line in report.splitlines() if line.startswith(f"pid {process.pid} "))
+    ignored = int(launcher.split("SigIgn: ")[1].split(",")[0], 16)
+    assert ignored & 1 << (signal.SIGTERM - 1), launcher
+    assert "  thread " in report and "syscall" in report
+    process.send_signal(signal.SIGUSR1)
+    assert exit_status(process) == 5
+
+
 def test_a_cancel_reaches_the_command_when_the_launcher_started_with_it_blocked(
         tmp_path, launched):
     """Started with SIGINT, SIGTERM and SIGALRM blocked (from a thread that blocks them): the
