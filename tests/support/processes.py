@@ -53,27 +53,31 @@ def tree(pid: int) -> list[int]:
     return [found for child in children(pid) for found in (child, *tree(child))]
 
 
+def _status(path: Path) -> dict[str, str]:
+    """The fields of a /proc/.../status file, by name."""
+    return dict(line.replace("\t", " ").split(":", 1) for line in path.read_text().splitlines()
+                if ":" in line)
+
+
 def signal_states(pids: list[int]) -> str:
     """Each process's state, group, signal masks and, per thread, where it waits (what a
     signal that changed nothing needs explained); one line a process, threads indented."""
+    keep = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
     lines = []
     for pid in pids:
+        proc = Path(f"/proc/{pid}")
         try:
-            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            status = _status(proc / "status")
         except OSError:
             continue
-        keep = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
         lines.append(f"pid {pid} group {(proc_stat(pid) or ('?', '?'))[1]} {cmdline(pid)[:80]}: "
-                     + ", ".join(line.replace("\t", " ") for line in status
-                                 if line.split(":")[0] in keep))
-        for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+                     + ", ".join(f"{key}:{status[key]}" for key in keep if key in status))
+        for task in sorted((proc / "task").glob("*")):
             try:
-                blocked = next(line.split()[1] for line in (task / "status").read_text()
-                               .splitlines() if line.startswith("SigBlk"))
                 lines.append(f"  thread {task.name}: wchan {(task / 'wchan').read_text()}, "
                              f"syscall {(task / 'syscall').read_text().split()[0]}, "
-                             f"SigBlk {blocked}")
-            except (OSError, StopIteration, IndexError):
+                             f"SigBlk {_status(task / 'status')['SigBlk'].strip()}")
+            except (OSError, KeyError, IndexError):
                 continue
     return "\n".join(lines)
 
