@@ -34,6 +34,12 @@ the answer). The limits (`Limits`):
   timeouts, evictions, failed handshakes) more than `client_error_burst` times, then more than
   `client_errors_per_second`, has its new connections closed as soon as accepted, before any
   parsing or TLS (unless `close_failing_clients` is off: then failures only rank victims);
+- `GET` / `HEAD` of `LIVENESS_PATH` is answered by the server itself, `200 alive`, before the
+  app and its authentication (after TLS and the peer check): the node agent's liveness probe
+  costs no collection and no failure. It says only that the process runs, as an accepted
+  connection does. (Answered 404 or 401 by the app, one probe a second spent the probing
+  address's failures as fast as they refill: after a stall had spent the rest, a scraper on
+  the same host was refused for minutes.)
 - `workers` threads call the app; the listen backlog holds `backlog` pending connections.
 
 Every answer carries `headers` (SECURITY_HEADERS by default) unless the app set them itself.
@@ -75,6 +81,8 @@ DRAIN_SECONDS = 1.0
 #: connections already open are served in between under a flood.
 ACCEPT_BATCH = 32
 WAITING, AT_APP, ANSWERING = "waiting", "at app", "answering"
+#: The path of the liveness probe (mfotel-instrument's node agent), answered by the server.
+LIVENESS_PATH = "/-/mfotel-liveness"
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,10 @@ class _Connection:
 
 def _plain(status: str) -> Response:
     return status, [("Content-Type", "text/plain; charset=utf-8")], status[4:].encode() + b"\n"
+
+
+def _is_liveness(request: Environ) -> bool:
+    return request["PATH_INFO"] == LIVENESS_PATH and request["REQUEST_METHOD"] in ("GET", "HEAD")
 
 
 class _Workers:
@@ -442,7 +454,10 @@ class Server:
             request = await self._read_head(conn)
             if request is None:
                 return  # closed without a request (e.g. a port check)
-            if isinstance(request, dict):
+            if isinstance(request, dict) and _is_liveness(request):
+                response, trusted = ("200 OK", _plain("200 alive")[1], b"alive\n"), True
+                head_only = request["REQUEST_METHOD"] == "HEAD"
+            elif isinstance(request, dict):
                 self._set_state(conn, AT_APP, None)
                 response = await self._workers.submit(self._loop,
                                                       lambda: self._call_app(request))

@@ -2,19 +2,21 @@
 
 A rank's endpoint runs in the rank's process, in Python: while the process holds the GIL
 (a graph compilation, a C call that keeps it) or is stopped, the kernel still accepts
-connections into the listen backlog, but nothing answers. Any answer proves the server
-runs: a 200, a 401 of basic auth (the probe sends no credentials), a 404, a TLS alert
-refusing the probe's missing client certificate, a close. Only silence until the timeout
-means "not answering"; a refused connection means nothing listens.
+connections into the listen backlog, but nothing answers. The probe asks for `PROBE_PATH`,
+which every mfotel endpoint's server answers itself (`200 alive`, before the app and its
+authentication): no collection, no credentials, and never a failure counted against the
+probing address (mfotel.endpoint.server). Any other answer proves a server runs too (a 401 or
+404 of another server, a TLS alert refusing the probe's missing client certificate, a close).
+Only silence until the timeout means "not answering"; a refused connection means nothing
+listens.
 
 The probe reads nothing it could misuse: it verifies no certificate (it only asks whether
-the server answers) and sends no credentials. It asks for `PROBE_PATH`, which no rank serves:
-the 404 costs the rank no collection. Neither the probe nor the one read of /metrics (the
-rank's identity) counts as the scrape that ends a rank's linger (`linger_until_scraped`): both
-send `X-Mfotel-Not-A-Scrape` (a rank cancelled before its identity was read ended its linger on
-that read, and its final status never reached Prometheus).
+the server answers) and sends no credentials. Neither the probe nor the one read of /metrics
+(the rank's identity) counts as the scrape that ends a rank's linger (`linger_until_scraped`):
+both send `X-Mfotel-Not-A-Scrape` (a rank cancelled before its identity was read ended its
+linger on that read, and its final status never reached Prometheus).
 
-    probe("127.0.0.1", 9465, "http", timeout=2.0)   # Probe(outcome="answered", status=404)
+    probe("127.0.0.1", 9465, "http", timeout=2.0)   # Probe(outcome="answered", status=200)
 """
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..endpoint.exposition import NOT_A_SCRAPE
+from ..endpoint.server import LIVENESS_PATH
 
 Outcome = Literal["answered", "silent", "refused"]
-#: What the liveness probe asks for: a path no mfotel endpoint serves (404, or 401 first).
-PROBE_PATH = "/-/mfotel-node-agent-liveness"
+#: What the liveness probe asks for: the path every mfotel endpoint's server answers itself
+#: (`200 alive`, no credentials, no collection, no failure counted).
+PROBE_PATH = LIVENESS_PATH
 #: Enough of a body to read mindformers_train_rank_info from (identity); beyond, not read.
 MAX_BODY_BYTES = 4 << 20
 

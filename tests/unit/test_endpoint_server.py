@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mfotel.endpoint.server import Limits, Server
+from mfotel.endpoint.server import LIVENESS_PATH, Limits, Server
 from tests.support.idle_flood import closed_by_peer
 from tests.support.waiting import settle, wait_for
 
@@ -192,3 +192,36 @@ def test_a_body_beyond_the_drain_budget_is_cut_off(server):
         conn.getresponse().read()
     conn.close()
     assert wait_for(lambda: srv.open_connections == 0, settle(10), 0.05)
+
+
+def test_the_liveness_path_is_answered_by_the_server_and_never_counted_as_a_failure(server):
+    """The node agent probes every rank once a second at most. Answered 404 (or 401) by the
+    app, each probe spent one of its address's failures, as fast as they refill: once a stall
+    had spent the rest, that address (a Prometheus on the same node) was refused for minutes
+    (seen: rank 1 down in Prometheus for 3 minutes after holding the GIL 60 s). The server
+    answers the liveness path itself: no app call, no credentials, no failure."""
+    calls: list[str] = []
+
+    def refuses(environ, start_response):  # an app behind authentication, for this client
+        calls.append(environ["PATH_INFO"])
+        start_response("401 Unauthorized", [("Content-Type", "text/plain")])
+        return [b"no"]
+    srv = server(refuses, client_error_burst=2, client_errors_per_second=0.001)
+
+    def request(method: str, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        try:
+            conn.request(method, path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+    for _ in range(10):
+        assert request("HEAD", LIVENESS_PATH) == (200, b"")
+    assert request("GET", LIVENESS_PATH) == (200, b"alive\n")
+    assert calls == []
+    # the budget still holds for the app's failures: two 401s, then closed at accept
+    assert [request("GET", "/metrics")[0] for _ in range(2)] == [401, 401]
+    with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+        request("GET", "/metrics")
+    assert calls == ["/metrics", "/metrics"] and srv.refused >= 1
