@@ -43,7 +43,7 @@ def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(
     rules = {**SIM_RULES, "straggler_for": "10s"}
     # each documented delay holds on a quiet machine; on a loaded one (other test runs beside
     # this one) the ranks, Prometheus and Alertmanager all run slower: the delays stretch by
-    # the load, and the run watches that much longer for the pages
+    # the load, and the run waits that much longer for a page still missing after its window
     stretch = load_factor() / MIN_LOAD_FACTOR
     settings = SimSettings(ranks=32, ranks_per_node=4, processes=2, prefix="t", seed=7,
                            timing=Timing(warmup_seconds=60.0), rules=rules, with_stack=True,
@@ -51,7 +51,7 @@ def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(
     shipped = yaml.safe_load(shipped_files()["alertmanager"])
     planned = Simulation(settings, tmp_path,
                          lambda labels: route_setting(shipped, labels, "group_wait", "30s"))
-    settings.extra_seconds = (stretch - 1) * planned.observe_seconds
+    settings.late_seconds = (stretch - 1) * planned.observe_seconds
     result = run_simulation(settings)
     by_fault = {job.fault: job for job in result.jobs}
     assert [w["done"] for w in result.workers] == [16, 16]

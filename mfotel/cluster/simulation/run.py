@@ -88,6 +88,7 @@ class SimSettings:
     alertmanager_url: str | None = None  # also poll this Alertmanager's active alerts
     webhook: str | None = None      # HOST:PORT: receive your Alertmanager's notifications here
     extra_seconds: float = 0.0      # keep running this long after the checks' window
+    late_seconds: float = 0.0       # then up to this long more while an expected page is missing
     node_agents: bool = False       # a node agent (mfotel-instrument's endpoint) per node
     on_progress: Callable[[str], None] = lambda text: None
     during_run: Callable[[Simulation, SimStack | None], None] | None = None  # before stopping
@@ -316,6 +317,15 @@ def check_notifications(expected: list[Expected], received: Iterable[Notificatio
     return checks, false
 
 
+def _missing(sim: Simulation, webhook: CountingReceiver | None, start: float) -> bool:
+    """Whether an expected incident has had no notification yet (False without a webhook)."""
+    if webhook is None:
+        return False
+    checks, _ = check_notifications(sim.expected, list(webhook.notifications_seen),
+                                    start + sim.settings.timing.fault_at, sim.settings.prefix)
+    return any(check.notifications == 0 for check in checks)
+
+
 def _rank_order(rank: str) -> tuple[int, str]:
     return (int(rank), "") if rank.isdigit() else (-1, rank)
 
@@ -422,8 +432,10 @@ def run_simulation(settings: SimSettings) -> SimResult:
                     f"rank={','.join(item.ranks) or '-'} within {item.deadline:.0f}s of the "
                     f"faults ({item.how})")
             end = start + sim.duration
-            while time.time() < end:
-                time.sleep(min(10.0, max(end - time.time(), 0)))
+            while (now := time.time()) < end + settings.late_seconds:
+                if now >= end and not _missing(sim, webhook, start):
+                    break
+                time.sleep(min(10.0, max(end - now, 1.0)))
                 for probe in probes:
                     probe.try_sample()
             if settings.during_run is not None:
