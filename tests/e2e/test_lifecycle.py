@@ -78,8 +78,8 @@ def runs(tmp_path):
         started.append(run)
         return run
     yield start
-    for run in started:
-        stop(run.process)
+    for run in started:  # a run still up lingers after SIGTERM (by design): not waited out
+        stop(run.process, timeout=2)
 
 
 @pytest.fixture
