@@ -6,24 +6,24 @@ demo:
 	.venv/bin/mfotel demo
 
 # The suite waits on Prometheus, Alertmanager and whole training jobs, and computes in real
-# MindSpore processes: three pytest workers per core keep both cores busy. Measured on 2
-# cores: xdist's own order with 3 workers 21.5 min; longest first (tests/support/scheduling.py)
-# with 6 workers 12.4 min (~1,060 CPU-seconds, 142% of the 2 cores). More workers overload the
-# start, when every worker starts a MindSpore job: 10 workers 10.9 min but 3 tests failed
-# (Prometheus answering a query in more than 5 s, false pages of the 32-rank simulation); 8
-# workers beside a busy core: the simulation's false pages again. Each test module runs
-# on one worker (loadscope), so its module-scoped servers and training runs start once; the
-# whole-job tests and the promtool runs are scheduled one by one.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 3 )))
+# MindSpore processes. Measured on 2 cores (pytest alone): xdist's own order with 3 workers
+# 21.5 min; longest first with 6 workers 10.5 min, the cores 78% busy for the first 3.5 min
+# (every worker waiting on a whole-job test); with at most 6 whole-job tests at once and short
+# work queued behind them (tests/support/scheduling.py), 8 workers 8.0 min. Each test module
+# runs on one worker (loadscope), so its module-scoped servers and training runs start once;
+# the whole-job tests and the promtool runs are scheduled one by one.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 5 )))
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope
 
+# Every worker collects the suite; pytest's rewrite of the tests' asserts is half of it (~4
+# CPU-s a worker). One collection first writes pytest's cache of rewritten modules (where
+# PYTHONDONTWRITEBYTECODE is set, as here, pytest writes none), which the workers then read.
 test:
 	scripts/bootstrap.sh test
 	$(MAKE) lint
+	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q --collect-only -p no:cacheprovider >/dev/null
 	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
-# ruff and mypy as configured in pyproject.toml (both from the dev extra: `make test` installs
-# them); both report, either failing fails
 lint:
 	.venv/bin/ruff check mfotel tests benchmarks examples scripts; ruff=$$?; \
 	.venv/bin/mypy && exit $$ruff

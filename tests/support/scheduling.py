@@ -1,45 +1,64 @@
-"""How `pytest -n N --dist loadscope` hands the suite to its workers: longest work first.
+"""How `pytest -n N --dist loadscope` hands the suite to its workers: longest work first, the
+waiting kept beside the computing.
 
 xdist's loadscope keeps a module's tests on one worker (its module-scoped servers and training
 runs start once) and, by default, queues the modules with the most tests first. Here the
-longest tests are the few end-to-end ones that each run a whole multi-rank job (one to four
-minutes apiece), so that order left them for last, in one module on one worker: a 20-minute
-tail while the other workers sat idle. This scheduler
+longest tests are the whole-job ones (`WHOLE_JOB`): each runs a multi-rank job, Prometheus and
+Alertmanager for one to four minutes, and mostly waits (0.05-0.2 of a core). The rest of the
+suite computes. Measured on 2 cores with 6 workers: all six started on whole-job tests, the
+cores were 78% busy for the first 3.5 minutes, then saturated by the rest. This scheduler
 
 - keeps the collection order (tests/conftest.py sorts the slow end-to-end tests first), so
   the long work starts at once and the short modules fill the gaps;
 - schedules the tests of the modules in `ONE_BY_ONE` one by one: each starts its own job,
   servers and ports, or its own promtool run (no module-scoped fixture), so they can run on
   different workers at once;
-- gives a worker its next unit only when it is down to its last queued test (xdist's default
-  queues up to three ahead, which ties several long tests to one worker).
+- runs at most `workers - COMPUTING_WORKERS` whole-job tests at once (and at most
+  `WHOLE_JOBS_PER_CORE` a core), so that the other workers keep the cores busy from the start;
+- queues short work behind a long test, never another long one. An xdist worker runs a test
+  only once it holds the next one, so the scheduler queues one unit ahead; a whole-job test
+  queued behind another waited up to 4 minutes while other workers were free.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
-#: Modules whose tests share no module-scoped fixture, each test a job of its own: the
-#: whole-job tests, and the promtool runs of every rule setting (25-60 s of CPU each; as one
-#: module on one worker they were a two-minute tail of the suite while the others sat idle).
-ONE_BY_ONE = frozenset({
+#: The whole-job tests: a multi-rank job and its Prometheus and Alertmanager each, 1-4 minutes.
+WHOLE_JOB = frozenset({
     "tests/e2e/test_cluster_sim_e2e.py",
     "tests/e2e/test_job_truth_msrun.py",
     "tests/e2e/test_node_agent_msrun.py",
-    "tests/unit/test_rule_tests.py",
 })
+#: Modules whose tests share no module-scoped fixture, each test a job of its own: the
+#: whole-job tests, and the promtool runs of every rule setting (13-20 CPU-seconds each; as one
+#: module on one worker they were a two-minute tail of the suite while the others sat idle).
+ONE_BY_ONE = WHOLE_JOB | {"tests/unit/test_rule_tests.py"}
+#: Workers kept off the whole-job tests: on 2 cores, the computing share of the suite.
+COMPUTING_WORKERS = 2
+#: Whole-job tests at once per core, at most: each starts 3-5 processes importing MindSpore
+#: at its start (6 at once on 2 cores ran green; 10 workers each starting one overloaded
+#: the machine: Prometheus queries over 5 s, false pages of the 32-rank simulation).
+WHOLE_JOBS_PER_CORE = 3
+
+
+def _module(scope: str) -> str:
+    return scope.split("::", 1)[0]
 
 
 class LongestFirstScheduling(LoadScopeScheduling):
-    """loadscope in collection order, with the modules of `ONE_BY_ONE` split per test."""
+    """loadscope in collection order, with the modules of `ONE_BY_ONE` split per test, at most
+    `workers - COMPUTING_WORKERS` whole-job tests at once, and short work queued behind
+    long."""
 
     def __init__(self, config: Any, log: Any = None) -> None:
         super().__init__(config, log)
         config.option.loadscopereorder = False
 
     def _split_scope(self, nodeid: str) -> str:
-        if nodeid.split("::", 1)[0] in ONE_BY_ONE:
+        if _module(nodeid) in ONE_BY_ONE:
             return nodeid
         return super()._split_scope(nodeid)
 
@@ -49,3 +68,21 @@ class LongestFirstScheduling(LoadScopeScheduling):
                 and self._pending_of(self.assigned_work[node]) > 1:
             return
         super()._reschedule(node)
+
+    def _whole_jobs_pending(self, node: Any | None = None) -> int:
+        """Whole-job tests assigned and not finished (on `node`, or on every worker)."""
+        nodes = [node] if node is not None else list(self.assigned_work)
+        return sum(1 for each in nodes for scope, unit in self.assigned_work.get(each, {}).items()
+                   if _module(scope) in WHOLE_JOB and not all(unit.values()))
+
+    def _assign_work_unit(self, node: Any) -> None:
+        """The first unit of the queue, unless it is a whole-job test and either `node` already
+        holds one (it would wait behind it) or the cap is reached: then the first other unit."""
+        cap = max(1, min(len(self.nodes) - COMPUTING_WORKERS,
+                         WHOLE_JOBS_PER_CORE * (os.cpu_count() or 1)))
+        if self._whole_jobs_pending(node) or self._whole_jobs_pending() >= cap:
+            other = next((scope for scope in self.workqueue
+                          if _module(scope) not in WHOLE_JOB), None)
+            if other is not None:
+                self.workqueue.move_to_end(other, last=False)
+        super()._assign_work_unit(node)
