@@ -28,6 +28,7 @@ from mfotel.cluster.simulation.run import (
     Simulation,
     add_simulate_arguments,
     new_after,
+    pages_missing,
     rank_config,
     settings_from_args,
 )
@@ -170,6 +171,24 @@ def test_after_stopping_only_an_alert_that_never_paged_counts_as_a_page():
     other = call(80.0, ("t-main", "MindFormersRankDown", "3"))          # not a simulated job
     assert new_after([before, update, resolved, down, other], 40.0, "sim") == [down]
     assert new_after([update], 40.0, "sim") == [update], "never paged before stopping"
+
+
+def test_the_run_waits_past_its_window_only_while_an_expected_page_is_missing(tmp_path):
+    """`late_seconds` (a loaded machine) extends the run only while an incident has had no
+    notification: with one for each, the run ends at its window."""
+    sim = Simulation(SimSettings(ranks=64, prefix="p"), tmp_path, lambda labels: 0.0)
+    start = 1000.0
+    fault = start + sim.settings.timing.fault_at
+
+    def page(item) -> Notification:
+        labels = {"job_name": item.job_name, "alertname": item.alertname}
+        return Notification(fault + 10, 100, [ReceivedAlert("firing", labels, {})])
+    pages = [page(item) for item in sim.expected]
+    assert len(pages) >= 5
+    assert pages_missing(sim, SimpleNamespace(notifications_seen=[]), start)
+    assert pages_missing(sim, SimpleNamespace(notifications_seen=pages[:-1]), start)
+    assert not pages_missing(sim, SimpleNamespace(notifications_seen=pages), start)
+    assert not pages_missing(sim, None, start), "nothing to wait for without a webhook"
 
 
 # ---------------------------------------------------------------- what must page, and when

@@ -317,7 +317,7 @@ def check_notifications(expected: list[Expected], received: Iterable[Notificatio
     return checks, false
 
 
-def _missing(sim: Simulation, webhook: CountingReceiver | None, start: float) -> bool:
+def pages_missing(sim: Simulation, webhook: CountingReceiver | None, start: float) -> bool:
     """Whether an expected incident has had no notification yet (False without a webhook)."""
     if webhook is None:
         return False
@@ -433,7 +433,7 @@ def run_simulation(settings: SimSettings) -> SimResult:
                     f"faults ({item.how})")
             end = start + sim.duration
             while (now := time.time()) < end + settings.late_seconds:
-                if now >= end and not _missing(sim, webhook, start):
+                if now >= end and not pages_missing(sim, webhook, start):
                     break
                 time.sleep(min(10.0, max(end - now, 1.0)))
                 for probe in probes:
