@@ -9,19 +9,21 @@ demo:
 # MindSpore processes. Measured on 2 cores (pytest alone): xdist's own order with 3 workers
 # 21.5 min; longest first with 6 workers 10.5 min, the cores 78% busy for the first 3.5 min
 # (every worker waiting on a whole-job test); with at most 6 whole-job tests at once and short
-# work queued behind them (tests/support/scheduling.py), 8 workers 8.0 min. Each test module
+# work queued behind them (tests/support/scheduling.py), 8 workers 8.0 min, 10 workers 7.2 min
+# (the cores then saturated: more would not help). Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 5 )))
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope
 
 # Every worker collects the suite; pytest's rewrite of the tests' asserts is half of it (~4
-# CPU-s a worker). One collection first writes pytest's cache of rewritten modules (where
-# PYTHONDONTWRITEBYTECODE is set, as here, pytest writes none), which the workers then read.
+# CPU-s a worker). One collection first, beside lint, writes pytest's cache of rewritten modules
+# (where PYTHONDONTWRITEBYTECODE is set, as here, pytest writes none), which the workers read;
+# its errors, if any, are the suite's own to report.
 test:
 	scripts/bootstrap.sh test
-	$(MAKE) lint
-	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q --collect-only -p no:cacheprovider >/dev/null
+	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q --collect-only \
+	    -p no:cacheprovider >/dev/null 2>&1 & $(MAKE) lint; status=$$?; wait; exit $$status
 	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
 lint:

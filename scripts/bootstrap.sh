@@ -10,7 +10,6 @@ python="${PYTHON:-python3}"
 
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
-    .venv/bin/pip install --quiet --upgrade pip
 fi
 
 extras="mindspore"
@@ -24,6 +23,7 @@ if [ ! -f "$stamp" ]; then
     # instead of 13). Where uv cannot be had (an index without it), pip does the same install.
     if [ ! -x .venv/bin/uv ] && ! .venv/bin/pip install --quiet uv; then
         echo "bootstrap: uv not available; installing with pip (slower)" >&2
+        .venv/bin/pip install --quiet --upgrade pip
     fi
     echo "bootstrap: installing mfotel[$extras] into .venv (MindSpore is ~800 MB; uv and pip cache it)"
     if [ -x .venv/bin/uv ]; then
