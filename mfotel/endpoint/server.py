@@ -146,6 +146,10 @@ def _plain(status: str) -> Response:
     return status, [("Content-Type", "text/plain; charset=utf-8")], status[4:].encode() + b"\n"
 
 
+#: The server's own answer on LIVENESS_PATH.
+_ALIVE: Response = ("200 OK", [("Content-Type", "text/plain; charset=utf-8")], b"alive\n")
+
+
 def _is_liveness(request: Environ) -> bool:
     return request["PATH_INFO"] == LIVENESS_PATH and request["REQUEST_METHOD"] in ("GET", "HEAD")
 
@@ -455,8 +459,8 @@ class Server:
             if request is None:
                 return  # closed without a request (e.g. a port check)
             if isinstance(request, dict) and _is_liveness(request):
-                response, trusted = ("200 OK", _plain("200 alive")[1], b"alive\n"), True
-                head_only = request["REQUEST_METHOD"] == "HEAD"
+                response, head_only = _ALIVE, request["REQUEST_METHOD"] == "HEAD"
+                trusted = False  # a 2xx: answered_ok, never a failure
             elif isinstance(request, dict):
                 self._set_state(conn, AT_APP, None)
                 response = await self._workers.submit(self._loop,
