@@ -13,7 +13,11 @@ demo:
 # (the cores then saturated: more would not help). Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 5 )))
+# Memory bounds it too: at 10 workers the machine used at most 8.3 GB (MindSpore in every worker
+# and in every process of the jobs), so at most one worker per GiB available.
+TEST_WORKERS ?= $(shell cores=$$(nproc); \
+    mem=$$(awk '/^MemAvailable:/ {print int($$2 / 1048576)}' /proc/meminfo); \
+    w=$$(( cores * 5 < mem ? cores * 5 : mem )); echo $$(( w < 1 ? 1 : w )))
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope
 
 # Every worker collects the suite; pytest's rewrite of the tests' asserts is half of it (~4

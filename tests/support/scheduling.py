@@ -14,7 +14,8 @@ cores were 78% busy for the first 3.5 minutes, then saturated by the rest. This 
   servers and ports, or its own promtool run (no module-scoped fixture), so they can run on
   different workers at once;
 - runs at most `workers - COMPUTING_WORKERS` whole-job tests at once (and at most
-  `WHOLE_JOBS_PER_CORE` a core), so that the other workers keep the cores busy from the start;
+  `WHOLE_JOBS_PER_CORE` a core, one per `GIB_PER_WHOLE_JOB` of available memory), so that the
+  other workers keep the cores busy from the start;
 - queues short work behind a long test, never another long one. An xdist worker runs a test
   only once it holds the next one, so the scheduler queues one unit ahead; a whole-job test
   queued behind another waited up to 4 minutes while other workers were free.
@@ -22,6 +23,7 @@ cores were 78% busy for the first 3.5 minutes, then saturated by the rest. This 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
@@ -42,6 +44,26 @@ COMPUTING_WORKERS = 2
 #: at its start (6 at once on 2 cores ran green; 10 workers each starting one overloaded
 #: the machine: Prometheus queries over 5 s, false pages of the 32-rank simulation).
 WHOLE_JOBS_PER_CORE = 3
+#: GiB of available memory per whole-job test at once (with 10 workers and 6 of them, the
+#: machine used at most 8.3 GB: ~0.45 GB a worker, ~0.6 GB a job's process importing MindSpore).
+GIB_PER_WHOLE_JOB = 2
+
+
+def available_gib() -> int:
+    """MemAvailable of /proc/meminfo, in GiB (a large number where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // (1 << 20)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 20
+
+
+def whole_job_cap(workers: int) -> int:
+    """How many whole-job tests may run at once with `workers` workers, here."""
+    return max(1, min(workers - COMPUTING_WORKERS, WHOLE_JOBS_PER_CORE * (os.cpu_count() or 1),
+                      available_gib() // GIB_PER_WHOLE_JOB))
 
 
 def _module(scope: str) -> str:
@@ -78,8 +100,7 @@ class LongestFirstScheduling(LoadScopeScheduling):
     def _assign_work_unit(self, node: Any) -> None:
         """The first unit of the queue, unless it is a whole-job test and either `node` already
         holds one (it would wait behind it) or the cap is reached: then the first other unit."""
-        cap = max(1, min(len(self.nodes) - COMPUTING_WORKERS,
-                         WHOLE_JOBS_PER_CORE * (os.cpu_count() or 1)))
+        cap = whole_job_cap(len(self.nodes))
         if self._whole_jobs_pending(node) or self._whole_jobs_pending() >= cap:
             other = next((scope for scope in self.workqueue
                           if _module(scope) not in WHOLE_JOB), None)
