@@ -45,7 +45,8 @@ COMPUTING_WORKERS = 2
 #: the machine: Prometheus queries over 5 s, false pages of the 32-rank simulation).
 WHOLE_JOBS_PER_CORE = 3
 #: GiB of available memory per whole-job test at once (with 10 workers and 6 of them, the
-#: machine used at most 8.3 GB: ~0.45 GB a worker, ~0.6 GB a job's process importing MindSpore).
+#: machine used at most 8.3 GB; a process that imported MindSpore holds ~0.42 GB, and a job of
+#: 2 ranks runs four such processes).
 GIB_PER_WHOLE_JOB = 2
 
 
@@ -72,8 +73,7 @@ def _module(scope: str) -> str:
 
 class LongestFirstScheduling(LoadScopeScheduling):
     """loadscope in collection order, with the modules of `ONE_BY_ONE` split per test, at most
-    `workers - COMPUTING_WORKERS` whole-job tests at once, and short work queued behind
-    long."""
+    `whole_job_cap()` whole-job tests at once, and short work queued behind long."""
 
     def __init__(self, config: Any, log: Any = None) -> None:
         super().__init__(config, log)
