@@ -30,6 +30,8 @@ test:
 	    -p no:cacheprovider >/dev/null 2>&1 & $(MAKE) lint; status=$$?; wait; exit $$status
 	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
+# ruff and mypy as configured in pyproject.toml (both from the dev extra: `make test` installs
+# them); both report, either failing fails
 lint:
 	.venv/bin/ruff check mfotel tests benchmarks examples scripts; ruff=$$?; \
 	.venv/bin/mypy && exit $$ruff

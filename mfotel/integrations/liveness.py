@@ -2,7 +2,7 @@
 
 A rank's endpoint runs in the rank's process, in Python: while the process holds the GIL
 (a graph compilation, a C call that keeps it) or is stopped, the kernel still accepts
-connections into the listen backlog, but nothing answers. The probe asks for `PROBE_PATH`,
+connections into the listen backlog, but nothing answers. The probe asks for `LIVENESS_PATH`,
 which every mfotel endpoint's server answers itself (`200 alive`, before the app and its
 authentication): no collection, no credentials, and never a failure counted against the
 probing address (mfotel.endpoint.server). Any other answer proves a server runs too (a 401 or
@@ -30,9 +30,6 @@ from ..endpoint.exposition import NOT_A_SCRAPE
 from ..endpoint.server import LIVENESS_PATH
 
 Outcome = Literal["answered", "silent", "refused"]
-#: What the liveness probe asks for: the path every mfotel endpoint's server answers itself
-#: (`200 alive`, no credentials, no collection, no failure counted).
-PROBE_PATH = LIVENESS_PATH
 #: Enough of a body to read mindformers_train_rank_info from (identity); beyond, not read.
 MAX_BODY_BYTES = 4 << 20
 
@@ -56,7 +53,7 @@ _TLS = _tls_context()
 
 
 def probe(address: str, port: int, scheme: str, timeout: float, body: bool = False,
-          path: str = PROBE_PATH) -> Probe:
+          path: str = LIVENESS_PATH) -> Probe:
     """HEAD `path` at address:port within `timeout` seconds in all; with `body`, GET
     /metrics (the rank's identity)."""
     path = "/metrics" if body else path

@@ -467,9 +467,9 @@ class NodeAgent:
             return
         address, port = endpoint
         target = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address, address)
-        if rank.identity_read:  # a path no rank serves: its 404 costs the rank nothing
+        if rank.identity_read:  # the server's own answer: no collection, never a failure
             result = liveness.probe(target, port, self.settings.rank_scheme,
-                                    self.settings.probe_timeout, path=liveness.PROBE_PATH)
+                                    self.settings.probe_timeout)
         else:  # once: the rank's own rank_info names it (a scrape of /metrics)
             result = liveness.probe(target, port, self.settings.rank_scheme,
                                     self.settings.probe_timeout, body=True)
