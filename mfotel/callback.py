@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from importlib import import_module
@@ -56,6 +57,7 @@ from .flops import mfu
 from .identity import RankIdentity, RunIdentity, identity_from_env, rank_port, start_run
 from .instruments import AS_IS, Instruments, TrainState
 from .listeners import StepListener, StepSample
+from .node_link import Announcement, NodeLink
 from .rank_exporter import RankExporter, rank_exporter
 from .run_end import Removable, RunEnd, RunParts
 from .sinks import ConsoleSink, FileSink, LineWriter, Sink
@@ -198,6 +200,7 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
         self.actions: ActionEngine | None = None   # when `actions` are configured
         self.live: LivePage | None = None          # when the live page is on
         self.file_sd: Removable | None = None      # file_sd targets, when configured
+        self._node: NodeLink | None = None         # under mfotel-instrument: its node agent
         self.clock = StepClock(RecordSchedule(self.config.step_interval, self.config.early_steps,
                                               self.config.early_step_interval),
                                self.config.batch_size)
@@ -256,8 +259,10 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
         self.clock.begin(time.perf_counter() if at is None else at)
         instruments = self._instruments
         if instruments is not None:  # inside a step from now (mfotel job-level signals)
-            instruments.state.step_begin_timestamp = time.time()
+            instruments.state.step_begin_timestamp = wall = time.time()
             instruments.version += 1
+            if self._node is not None:
+                self._node.step_begin(wall)
 
     def mark_step_end(self, at: float | None = None) -> None:
         """The step's own work ended now (or at `at`), before other callbacks' step-end work;
@@ -363,6 +368,7 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
         exporter.serve(routes)
         self._set_up_ranks(cb, port, exporter)
         parts.file_sd = self.file_sd
+        parts.node_link = self._node = self._join_node(exporter)
         self._lines = parts.lines = self._open_lines()
         self._attach(listeners)
         self._check_run(cb)
@@ -397,6 +403,19 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
             exporter.shutdown()  # an error before training: leave nothing bound
             self.exporter, self._instruments, self._parts = None, None, None
             raise
+
+    def _join_node(self, exporter: RankExporter) -> NodeLink | None:
+        """Under mfotel-instrument: tell its node agent who this rank is and where it serves,
+        keep the step heartbeat it reads, let it capture the stacks (mfotel.node_link)."""
+        ident, endpoint = self.identity, exporter.telemetry.endpoint
+        try:
+            return NodeLink.join(Announcement(
+                os.getpid(), self.job_name, ident.rank, ident.local_rank, ident.world_size,
+                endpoint.host if endpoint else "", endpoint.port if endpoint else 0,
+                endpoint.scheme if endpoint else "http"))
+        except OSError as exc:  # the agent then guesses, as for a rank without mfotel
+            self.count_error("node_link", exc)
+            return None
 
     def _open_lines(self) -> LineWriter | None:
         cfg, rank = self.config, self.identity.rank
@@ -474,6 +493,8 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
         if st.status != contract.STATUS_RUNNING:
             self._back_to_running(st)
         st.step, st.steps, st.last_step_timestamp = step, st.steps + tick.advanced, wall
+        if self._node is not None:
+            self._node.step_end(step, wall)
         st.epoch = int((cb.get("cur_epoch_num") if dict_like else
                         cb_param(cb, "cur_epoch_num", 0)) or 0)
         total = clock.total_steps
@@ -678,8 +699,7 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
         last_step = self.clock.last_step
         if not end.begin(end.decide(self.clock.total_steps, last_step)):
             return
-        assert end.final_status is not None
-        end.shutdown(parts.shutdown_steps(end.final_status, last_step, self, self.close))
+        end.shutdown(parts.shutdown_steps(end, last_step, self, self.close))
 
     def _report_shutdown_failure(self, name: str, exc: BaseException) -> None:
         if self.exporter is not None:

@@ -121,6 +121,11 @@ CONTRACT: tuple[MetricSpec, ...] = (
     _m("start_timestamp", "mindformers.train.start.timestamp", "s", "gauge",
        "mindformers_train_start_timestamp_seconds",
        "Unix time this process began training (train begin)"),
+    _m("end_timestamp", "mindformers.train.end.timestamp", "s", "gauge",
+       "mindformers_train_end_timestamp_seconds",
+       "Unix time this process's training ended, and why: completed, failed (an exception), "
+       "stopped (asked to stop early, or ran out before its last step), cancelled (a signal)",
+       labels=("reason",)),
     # checkpoints, from the run's checkpoint callback (ModelCheckpoint / CheckpointMonitor)
     _m("last_checkpoint_timestamp", "mindformers.train.last_checkpoint.timestamp", "s", "gauge",
        "mindformers_train_last_checkpoint_timestamp_seconds",

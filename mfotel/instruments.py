@@ -26,7 +26,7 @@ from .contract import CONTRACT, STATUS_INITIALISING, STEP_TIME_BUCKETS, MetricSp
 #: Label values pre-created at 0 so that `increase()` sees the very first event.
 NONFINITE_METRICS = ("loss", "grad_norm")
 ERROR_STAGES = ("callback", "extract", "sink", "server", "scrape", "otlp", "alertmanager",
-                "shutdown")
+                "shutdown", "node_link")
 PENDING_LIMIT = 4096
 #: Cardinality `health`: these are exposed only by the metric ranks (one per data-parallel
 #: group); every rank keeps its health signals and an +Inf-only step-time histogram.
@@ -64,6 +64,8 @@ class TrainState:
     status: int = STATUS_INITIALISING
     first_nonfinite_step: int | None = None
     start_timestamp: float | None = None
+    end_timestamp: float | None = None      # when the final status was set
+    end_reason: str | None = None           # completed, failed, stopped, cancelled
     # checkpoints (mfotel.checkpoints) and evaluation; absent when the run has none
     last_checkpoint_timestamp: float | None = None
     checkpoint_duration: float | None = None
@@ -139,6 +141,9 @@ class Instruments:
             return lambda options: [
                 Observation(count, {**attrs, "action": action, "source": source})
                 for (action, source), count in list(state.actions.items())]
+        if key == "end_timestamp":
+            return lambda options: [] if state.end_timestamp is None else [
+                Observation(state.end_timestamp, {**attrs, "reason": state.end_reason or ""})]
         if key in ("nonfinite", "export_errors"):
             label = "metric" if key == "nonfinite" else "stage"
             return lambda options: [Observation(count, {**attrs, label: name})

@@ -3,7 +3,7 @@
     end = RunEnd(report)                      # report(step_name, exc): count and warn once
     end.on_signal(signal.SIGTERM, None)       # mfotel.lifecycle: show cancelled at once
     if end.begin(end.decide(total_steps=100, last_step=100)):   # once, first thread wins
-        end.shutdown(parts.shutdown_steps(end.final_status, last_step, monitor.close))
+        end.shutdown(parts.shutdown_steps(end, last_step, monitor, monitor.close))
 
 Final status (`final_status`, a table in tests/unit/test_run_end.py): completed when the run
 reached its last step without being stopped; an exception leaving `Model.train` is failed,
@@ -30,6 +30,7 @@ from .checkpoints import CheckpointWatch
 from .config import MonitorConfig
 from .identity import RunIdentity, finish_run
 from .listeners import StepListener
+from .node_link import NodeLink
 from .rank_exporter import RankExporter
 from .sinks import LineWriter
 
@@ -82,6 +83,17 @@ class RunEnd:
         if self.closing_thread is not None:
             return None
         return contract.STATUS_FAILED if self.child_failure else contract.STATUS_CANCELLED
+
+    @property
+    def reason(self) -> str:
+        """Why the run ended (`mindformers_train_end_timestamp_seconds{reason}`): completed,
+        cancelled, failed (an exception, a dead child) or stopped (early, as asked)."""
+        status = self.final_status
+        if status == contract.STATUS_COMPLETED:
+            return "completed"
+        if status == contract.STATUS_CANCELLED:
+            return "cancelled"
+        return "failed" if self.error is not None or self.child_failure else "stopped"
 
     def decide(self, total_steps: int | None, last_step: int) -> int:
         return final_status(error=self.error, stopped=self.stopped, total_steps=total_steps,
@@ -146,10 +158,12 @@ class RunParts:
     checkpoints: list[CheckpointWatch] = field(default_factory=list)
     listeners: list[StepListener] = field(default_factory=list)
     file_sd: Removable | None = None
+    node_link: NodeLink | None = None  # what the node agent reads (mfotel-instrument)
     final_scraped: bool = False    # whether a scrape saw the final status before shutdown
 
-    def show_status(self, status: int) -> None:
-        self.exporter.instruments.state.status = status
+    def show_status(self, status: int, reason: str) -> None:
+        state = self.exporter.instruments.state
+        state.status, state.end_timestamp, state.end_reason = status, time.time(), reason
         self.exporter.instruments.touch()
 
     def _linger(self) -> None:
@@ -163,13 +177,15 @@ class RunParts:
         for watch in self.checkpoints:
             watch.detach()
 
-    def shutdown_steps(self, status: int, last_step: int, member: lifecycle.Finishable,
+    def shutdown_steps(self, end: RunEnd, last_step: int, member: lifecycle.Finishable,
                        close: Callable[[], None]) -> tuple[list[Step], list[Step], Step]:
         """close()'s steps: (first, then, last) for RunEnd.shutdown. `member` is the monitor
         registered with mfotel.lifecycle, `close` its close() registered with atexit."""
+        assert end.final_status is not None
+        status, reason = end.final_status, end.reason
         completed = status == contract.STATUS_COMPLETED
         lines = self.lines
-        first: list[Step] = [("status", lambda: self.show_status(status))]
+        first: list[Step] = [("status", lambda: self.show_status(status, reason))]
         if lines is not None:  # the last lines before the linger, not after it
             first.append(("monitor lines", lines.flush))
         first.append(("linger", self._linger))
@@ -182,6 +198,8 @@ class RunParts:
                                                      self.run, last_step, completed)))
         if self.file_sd is not None and completed:
             then.append(("file_sd", self.file_sd.remove))
+        if self.node_link is not None:
+            then.append(("node link", self.node_link.close))
         then += [("telemetry", self.exporter.shutdown),
                  ("atexit", lambda: atexit.unregister(close))]
         return first, then, ("signal handlers", lambda: lifecycle.leave(member))

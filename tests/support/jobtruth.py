@@ -16,10 +16,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 from mfotel.alerting.rules import RulesConfig
 from mfotel.alerting.webhook import ReceivedAlert
@@ -36,6 +39,7 @@ from tests.support.paths import ROOT
 from tests.support.waiting import settle, wait_for
 
 SCRIPT = ROOT / "tests" / "support" / "scripts" / "faulty_dp.py"
+INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
 #: The shipped thresholds with every `for:` and look-back shortened to seconds (a rank's
 #: /metrics can miss a 1 s scrape on a loaded machine: rank down waits 20 s; a stall, as
 #: shipped, takes longer than rank down).
@@ -81,14 +85,18 @@ class FaultyJob:
     def __init__(self, workdir: Path, fault: str, ranks: int = 2, fault_rank: int = 1,
                  job_name: str = "jt", fast_path: bool = False, join: bool = True,
                  rules: RulesConfig = JOB_RULES, env: dict[str, str] | None = None,
-                 steps: int = STEPS, **options: Any) -> None:
+                 steps: int = STEPS, launcher: bool = False, **options: Any) -> None:
         """`join=False`: msrun starts the job and returns, leaving the ranks alone (with
         `--join=True` it SIGKILLs every rank as soon as one exits with an error). `env`: more
         environment for msrun and its ranks (MindSpore's own settings, e.g. MS_NODE_TIMEOUT).
+        `launcher`: msrun runs under `mfotel-instrument --config job.yaml` (the YAML holds the
+        ranks' monitor settings), whose node agent serves the node endpoint on the ranks'
+        port - 1 and writes its file_sd target beside rank 0's.
         `options`: faulty_dp.py's other flags (seconds=1.0 is `--seconds 1.0`)."""
         self.workdir, self.fault, self.ranks = workdir, fault, ranks
         self.fault_rank, self.job_name, self.fast_path = fault_rank, job_name, fast_path
         self.join, self.options, self.env = join, {"steps": steps, **options}, env or {}
+        self.launcher = launcher
         self.port = 0
         self.truth = workdir / "truth"
         self.targets = workdir / "targets" / "job.json"
@@ -111,7 +119,9 @@ class FaultyJob:
         self.stop()
 
     def _launch(self) -> None:
-        self.port = port = free_port_block(self.ranks)
+        # with the launcher, its node endpoint takes the port below the ranks' (the default)
+        block = free_port_block(self.ranks + 1)
+        self.port = port = block + 1
         args = ["--fault", self.fault, "--fault-rank", str(self.fault_rank), "--port", str(port),
                 "--job-name", self.job_name, "--file-sd", str(self.targets),
                 "--truth-dir", str(self.truth)]
@@ -124,8 +134,22 @@ class FaultyJob:
                    f"--local_worker_num={self.ranks}", "--master_addr=127.0.0.1",
                    f"--master_port={free_port()}", f"--join={self.join}",
                    f"--log_dir={self.workdir / 'msrun-logs'}", str(SCRIPT), *args]
+        if self.launcher:
+            command = [*INSTRUMENT, "--config", str(self._monitor_yaml()),
+                       "--node-probe-interval", "1", *command]
         self.started = time.time()
         self.msrun = start(command, child_env(**self.env), self.workdir / "msrun.log", self.workdir)
+
+    def _monitor_yaml(self) -> Path:
+        """The ranks' monitor settings as faulty_dp.py passes them, for the launcher."""
+        path = self.workdir / "job.yaml"
+        prometheus = {"host": "127.0.0.1", "port": self.port,
+                      "linger_seconds": float(self.options.get("linger_seconds", 30.0)),
+                      "linger_until_scraped": False}
+        path.write_text(yaml.safe_dump({"monitor_config": {
+            "job_name": self.job_name, "prometheus": prometheus,
+            "file_sd": {"path": str(self.targets)}}}))
+        return path
 
     def pids(self) -> dict[int, int]:
         """rank -> pid of the ranks that began writing their truth file."""

@@ -47,6 +47,7 @@ GOLDEN = {
     "mindformers_train_status": ("gauge", JR),
     "mindformers_train_first_nonfinite_step": ("gauge", JR),
     "mindformers_train_start_timestamp_seconds": ("gauge", JR),
+    "mindformers_train_end_timestamp_seconds": ("gauge", ("job_name", "rank", "reason")),
     "mindformers_train_last_checkpoint_timestamp_seconds": ("gauge", JR),
     "mindformers_train_checkpoint_duration_seconds": ("gauge", JR),
     "mindformers_train_checkpoints": ("counter", JR),
@@ -83,6 +84,7 @@ def _record_everything(inst: Instruments) -> None:
     st.samples, st.tokens, st.step, st.steps, st.overflow, st.epoch = 8, 128, 1, 1, 0, 1
     st.last_step_timestamp, st.loss_finite, st.status, st.first_nonfinite_step = 1.0, 1, 1, 1
     st.step_begin_timestamp, st.step_outside = 0.9, 0.01
+    st.end_timestamp, st.end_reason = 2.0, "failed"
     st.actions[("stop", "control")] = 1
     inst.record_step_seconds(0.2)
 
