@@ -176,15 +176,15 @@ class NodeLink:
         finally:
             os.close(fd)
         stacks_path = directory / f"stacks-{pid}.txt"
-        stacks: IO[str] | None = open(stacks_path, "a", encoding="utf-8")
+        opened: IO[str] = open(stacks_path, "a", encoding="utf-8")
+        stacks: IO[str] | None = opened
         try:
             # chain=False: the handler is installed with SA_RESTART (system calls interrupted
             # by the dump resume); the previous handler (SIGURG's default: ignore) is restored
             # by close()
-            faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+            faulthandler.register(STACK_SIGNAL, file=opened, all_threads=True, chain=False)
         except (RuntimeError, ValueError, OSError):
-            assert stacks is not None
-            stacks.close()
+            opened.close()
             stacks = None
         told = Announcement(**{**asdict(announcement), "progress_file": str(progress_path),
                                "stack_file": str(stacks_path) if stacks else "",
