@@ -49,6 +49,7 @@ from pathlib import Path
 
 from ..config import DEFAULT_JOB_NAME
 from ..identity import RANK_VARS, identity_from_env
+from ..node_link import Announcement
 from . import liveness, procfs
 from .procfs import ProcStat
 
@@ -131,6 +132,7 @@ class _Rank:
     ended_at: float | None = None  # the pidfd said it ended; status not read yet
     end_ticks: int | None = None   # when, in clock ticks since boot (as start_ticks)
     exit: Exit | None = None
+    announcement: Announcement | None = None  # what the rank told (mfotel.node_link)
 
 
 @dataclass(frozen=True)
