@@ -64,3 +64,8 @@ def indent(expr: str, by: str = "  ") -> str:
 
 def num(x: float) -> str:
     return f"{x:g}"
+
+
+def step_interval_record(cfg: RulesConfig) -> str:
+    """The recorded mean seconds between a rank's steps over `step_interval_window`."""
+    return f"job_name_rank:mindformers_train_step_interval_seconds:mean{cfg.step_interval_window}"

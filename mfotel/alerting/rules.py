@@ -22,40 +22,19 @@ from ..contract import (
     finite_samples,
 )
 from .promql import (
-    ALIVE as _ALIVE,
-)
-from .promql import (
-    ENDED as _ENDED,
-)
-from .promql import (
-    FAILED_CAUSES as _FAILED_CAUSES,
-)
-from .promql import (
-    JOB as _JOB,
-)
-from .promql import (
-    WHO as _WHO,
-)
-from .promql import (
-    alert as _alert,
-)
-from .promql import (
-    ended_as_asked as _ended_as_asked,
-)
-from .promql import (
-    in_step as _in_step,
-)
-from .promql import (
-    indent as _indent,
-)
-from .promql import (
-    num as _num,
-)
-from .promql import (
-    query_value as _query_value,
-)
-from .promql import (
-    running_lately as _running_lately,
+    ALIVE,
+    ENDED,
+    FAILED_CAUSES,
+    JOB,
+    WHO,
+    alert,
+    ended_as_asked,
+    in_step,
+    indent,
+    num,
+    query_value,
+    running_lately,
+    step_interval_record,
 )
 
 # the knobs, re-exported: `from mfotel.alerting.rules import RulesConfig` as before
@@ -112,10 +91,6 @@ FIRST_NONFINITE = "job_name:mindformers_train_first_nonfinite_step:min"
 #: When each rank that failed ended, as its node agent reported it (one per job names the
 #: first: a launcher such as msrun kills the others after it).
 FAILED_EXIT = "job_name_rank:mfotel_node_rank_exit_timestamp_seconds:failed"
-
-
-def step_interval_record(cfg: RulesConfig) -> str:
-    return f"job_name_rank:mindformers_train_step_interval_seconds:mean{cfg.step_interval_window}"
 
 
 def _finite_mean(selector: str, window: str) -> str:
@@ -200,8 +175,8 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": FAILED_EXIT,
          "expr": f"max by (job_name, rank) (\n"
                  f"  {m('mfotel_node_rank_exit_timestamp_seconds')}\n"
-                 f"  and on (job_name, rank) {m('mfotel_node_rank_exit_info', _FAILED_CAUSES)}\n"
-                 f")\nunless on (job_name, rank) {_ended_as_asked(cfg)}"},
+                 f"  and on (job_name, rank) {m('mfotel_node_rank_exit_info', FAILED_CAUSES)}\n"
+                 f")\nunless on (job_name, rank) {ended_as_asked(cfg)}"},
     ]
     exporter = [
         {"record": EXPORT_ERRORS,
@@ -233,9 +208,9 @@ def job_truth_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": SLOWEST_RANK,
          "expr": f"max by (job_name, rank, node, device_id, namespace, pod_name) "
                  f"({m('mindformers_train_rank_info')})\n* on (job_name, rank) group_left ()\n"
-                 f"(topk by (job_name) (1, {WAITED_FOR} > {_num(cfg.slowest_wait_ratio)}) "
+                 f"(topk by (job_name) (1, {WAITED_FOR} > {num(cfg.slowest_wait_ratio)}) "
                  f"> bool 0)"},
-        {"record": IN_STEP, "expr": _in_step(cfg)},
+        {"record": IN_STEP, "expr": in_step(cfg)},
         {"record": FIRST_NONFINITE,
          "expr": f"min by (job_name) ({m('mindformers_train_first_nonfinite_step')})"},
     ]
@@ -259,7 +234,7 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         # (MindFormersRankExited, MindFormersRankUnresponsive): muted while it reports the rank,
         # and after it lingered out if its last word was that the rank ended. A rank whose
         # agent is gone (killed, node down) before the rank pages here, as without one.
-        _alert(cfg, "MindFormersRankDown",
+        alert(cfg, "MindFormersRankDown",
                f"(last_over_time({status}[{cfg.rank_down_lookback}]) == {STATUS_RUNNING})\n"
                f"unless on (job_name, rank) {status}\n"
                f"unless on (job_name, rank) "
@@ -267,69 +242,69 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                f"[{cfg.rank_down_lookback}]) >= 1)\n"
                f"unless on (job_name, rank) {m('mfotel_node_rank_state')}\n"
                f"unless on (job_name, rank) (max by (job_name, rank) (last_over_time("
-               f"{m('mfotel_node_rank_state', _ENDED)}[{cfg.rank_down_lookback}])) == 1)",
+               f"{m('mfotel_node_rank_state', ENDED)}[{cfg.rank_down_lookback}])) == 1)",
                cfg.rank_down_for, "critical", "A training rank disappeared while running.",
-               f"{_WHO} (target {{{{ $labels.instance }}}}) was last seen running and has "
+               f"{WHO} (target {{{{ $labels.instance }}}}) was last seen running and has "
                "not been scraped since: the process died, hangs in a way that blocks /metrics, "
                "or its node is unreachable."),
-        _alert(cfg, "MindFormersTrainingFailed",
+        alert(cfg, "MindFormersTrainingFailed",
                f"last_over_time({status}[{cfg.failed_lookback}]) == {STATUS_FAILED}",
                "0m", "warning", "A training rank reported failed or stopped.",
-               f"{_WHO} ended with status {STATUS_FAILED} (failed or stopped early) within the "
+               f"{WHO} ended with status {STATUS_FAILED} (failed or stopped early) within the "
                f"last {cfg.failed_lookback}."),
         # One alert per job, labelled job_name and world_size. world_size is a label and PromQL
         # cannot turn a label into a number, so count_values turns the reporting count into a
         # label of the same name and the two are compared as labels.
         # A rank its node agent reports alive counts as present (its /metrics may be silent
         # while it compiles; MindFormersRankUnresponsive says so).
-        _alert(cfg, "MindFormersRanksMissing",
+        alert(cfg, "MindFormersRanksMissing",
                f"(\n  max by (job_name, world_size) ({m('mindformers_train_rank_info')})\n"
                f"  unless on (job_name, world_size)\n"
                f"  count_values by (job_name) (\"world_size\", count by (job_name) (\n"
                f"    max by (job_name, rank) ({m('mindformers_train_rank_info')})\n"
                f"    or\n"
-               f"    max by (job_name, rank) ({m('mfotel_node_rank_state', _ALIVE)} == 1)\n"
+               f"    max by (job_name, rank) ({m('mfotel_node_rank_state', ALIVE)} == 1)\n"
                f"  ))\n)\n"
                f"and on (job_name) ({RANKS_RUNNING} > 0)",
                cfg.ranks_missing_for, "critical",
                "A job has fewer ranks reporting than its world size.",
-               f"{_JOB} has "
-               + _query_value(f"{RANKS_REPORTING}{{job_name='%s'}}", "job_name")
+               f"{JOB} has "
+               + query_value(f"{RANKS_REPORTING}{{job_name='%s'}}", "job_name")
                + " ranks reporting, but its world size is {{ $labels.world_size }}: a rank "
                "never started, died, or is missing from the scrape targets."),
     ]
     dynamics = [
-        _alert(cfg, "MindFormersLossSpike",
+        alert(cfg, "MindFormersLossSpike",
                f"{loss}\n/\n({_finite_mean(loss, cfg.loss_spike_window)} > 0)\n"
-               f"> {_num(cfg.loss_spike_factor)}",
+               f"> {num(cfg.loss_spike_factor)}",
                cfg.loss_spike_for, "warning", "Training loss spiked.",
-               f"The loss of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x its "
-               f"{cfg.loss_spike_window} average (threshold {_num(cfg.loss_spike_factor)}x)."),
-        _alert(cfg, "MindFormersGradNormSpike",
+               f"The loss of {WHO} is {{{{ $value | printf \"%.2f\" }}}}x its "
+               f"{cfg.loss_spike_window} average (threshold {num(cfg.loss_spike_factor)}x)."),
+        alert(cfg, "MindFormersGradNormSpike",
                f"{grad}\n/\n({_finite_mean(grad, cfg.grad_norm_spike_window)} > 0)\n"
-               f"> {_num(cfg.grad_norm_spike_factor)}",
+               f"> {num(cfg.grad_norm_spike_factor)}",
                cfg.grad_norm_spike_for, "warning", "Gradient norm spiked.",
-               f"The gradient global norm of {_WHO} is {{{{ $value | printf \"%.2f\" }}}}x "
+               f"The gradient global norm of {WHO} is {{{{ $value | printf \"%.2f\" }}}}x "
                f"its {cfg.grad_norm_spike_window} average (threshold "
-               f"{_num(cfg.grad_norm_spike_factor)}x)."),
-        _alert(cfg, "MindFormersLossDivergence",
+               f"{num(cfg.grad_norm_spike_factor)}x)."),
+        alert(cfg, "MindFormersLossDivergence",
                f"abs(\n  {loss_mean_record(cfg)}\n  - on (job_name) group_left ()\n"
                f"  {loss_median_record(cfg)}\n)\n"
                f"/ on (job_name) group_left ()\n({loss_median_record(cfg)} > 0)\n"
-               f"> {_num(cfg.loss_divergence_tolerance)}\n"
+               f"> {num(cfg.loss_divergence_tolerance)}\n"
                f"and on (job_name, rank) ({running})",
                cfg.loss_divergence_for, "warning",
                "A data-parallel rank's loss diverges from the other ranks'.",
-               f"The {cfg.loss_divergence_window} mean loss of {_WHO} is "
+               f"The {cfg.loss_divergence_window} mean loss of {WHO} is "
                "{{ $value | humanizePercentage }} away from the median over the job's ranks "
                f"(threshold {cfg.loss_divergence_tolerance:.0%}): this rank sees different "
                "data or computes differently (bad shard, faulty device, weights out of sync)."),
-        _alert(cfg, "MindFormersLossScaleOverflowStorm",
+        alert(cfg, "MindFormersLossScaleOverflowStorm",
                f"rate({overflow}[{cfg.overflow_window}])\n"
                f"/\n(rate({steps}[{cfg.overflow_window}]) > 0)\n"
-               f"> {_num(cfg.overflow_storm_ratio)}",
+               f"> {num(cfg.overflow_storm_ratio)}",
                cfg.overflow_storm_for, "warning", "Most steps overflow the loss scale.",
-               f"{{{{ $value | humanizePercentage }}}} of the steps of {_WHO} overflowed the "
+               f"{{{{ $value | humanizePercentage }}}} of the steps of {WHO} overflowed the "
                f"loss scale over the last {cfg.overflow_window} (threshold "
                f"{cfg.overflow_storm_ratio:.0%}); those updates are skipped."),
     ]
@@ -337,26 +312,26 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         # Job-level: the ranks of a data-parallel job step together, so a per-rank alert
         # raised one alert per rank for one slowdown (a thousand for a 1000-rank job); a
         # single slow rank is MindFormersStragglerRank / MindFormersStepDrift.
-        _alert(cfg, "MindFormersThroughputDrop",
+        alert(cfg, "MindFormersThroughputDrop",
                f"(\n  avg by (job_name) (rate({steps}[{cfg.throughput_window}]))\n  /\n"
                f"  (avg by (job_name) (rate({steps}[{cfg.throughput_baseline_window}] offset "
-               f"{cfg.throughput_window})) > 0)\n) < {_num(cfg.throughput_drop_ratio)}\n"
+               f"{cfg.throughput_window})) > 0)\n) < {num(cfg.throughput_drop_ratio)}\n"
                f"and on (job_name) ({RANKS_RUNNING} > 0)",
                cfg.throughput_drop_for, "warning", "Training throughput dropped.",
-               f"The step rate of {_JOB} over the last {cfg.throughput_window} is "
+               f"The step rate of {JOB} over the last {cfg.throughput_window} is "
                "{{ $value | humanizePercentage }} of its rate over the "
                f"{cfg.throughput_baseline_window} before (threshold "
                f"{cfg.throughput_drop_ratio:.0%}; mean over its ranks)."),
         _straggler_rank(cfg),
         # In time rather than steps: Prometheus scrapes the ranks at different moments, so
         # lock-step ranks can look a few steps apart.
-        _alert(cfg, "MindFormersStepDrift",
+        alert(cfg, "MindFormersStepDrift",
                f"{STEPS_BEHIND}\n/ on (job_name) group_left ()\n({STEPS_RATE} > 0)\n"
                f"> {cfg.step_drift_seconds}\n"
                f"and on (job_name, rank) ({running})",
                cfg.step_drift_for, "warning", "A rank is many steps behind the others.",
-               f"{_WHO} is {{{{ $value | humanizeDuration }}}} of training ("
-               + _query_value(f"{STEPS_BEHIND}{{job_name='%s',rank='%s'}}", "job_name", "rank")
+               f"{WHO} is {{{{ $value | humanizeDuration }}}} of training ("
+               + query_value(f"{STEPS_BEHIND}{{job_name='%s',rank='%s'}}", "job_name", "rank")
                + f" steps) behind the job's leading rank (threshold {cfg.step_drift_seconds}s): "
                "ranks that should step together have drifted apart."),
     ]
@@ -371,7 +346,7 @@ def node_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     """What a rank's node agent (mfotel-instrument) reports: how a rank ended, and a rank alive
     whose /metrics is silent. Without an agent neither fires, and MindFormersRankDown pages."""
     m = cfg.m
-    exit_info = m("mfotel_node_rank_exit_info", _FAILED_CAUSES)
+    exit_info = m("mfotel_node_rank_exit_info", FAILED_CAUSES)
     how = ('{{ if eq $labels.cause "signal" }}killed by signal {{ $labels.signal }} '
            '({{ $labels.signal_name }})'
            '{{ else if eq $labels.cause "oom" }}killed by the kernel\'s OOM killer (signal '
@@ -388,21 +363,21 @@ def node_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     return [
         # One page per job: the first rank that failed names the cause; the ranks a launcher
         # (msrun) killed after it are its consequence, not more causes.
-        _alert(cfg, "MindFormersRankExited",
+        alert(cfg, "MindFormersRankExited",
                f"max by (job_name, rank, cause, exit_code, signal, signal_name) ({exit_info})\n"
                f"and on (job_name, rank)\n(\n  {FAILED_EXIT}\n"
                f"  == on (job_name) group_left ()\n  min by (job_name) ({FAILED_EXIT})\n)",
                "0m", "critical", "A training rank's process ended while the job should run.",
-               f"{_WHO} exited: {how}. Its node agent saw it end first among the job's ranks; "
+               f"{WHO} exited: {how}. Its node agent saw it end first among the job's ranks; "
                f"{others} other rank(s) of the job ended after it."),
-        _alert(cfg, "MindFormersRankUnresponsive",
+        alert(cfg, "MindFormersRankUnresponsive",
                f"(time() - {m('mfotel_node_rank_endpoint_last_answer_timestamp_seconds')})\n"
                f"and on (job_name, rank) ({m('mfotel_node_rank_endpoint_up')} == 0)\n"
                f"and on (job_name, rank) "
-               f"(max by (job_name, rank) ({m('mfotel_node_rank_state', _ALIVE)}) == 1)",
+               f"(max by (job_name, rank) ({m('mfotel_node_rank_state', ALIVE)}) == 1)",
                cfg.rank_unresponsive_for, "warning",
                "A training rank is alive but its /metrics does not answer.",
-               f"{_WHO} is alive (process {state}) but its /metrics has not answered the node "
+               f"{WHO} is alive (process {state}) but its /metrics has not answered the node "
                "agent's liveness probe for {{ $value | humanizeDuration }}: it holds the GIL "
                "(graph compilation, a long C call), is stopped (SIGSTOP, a debugger) or is "
                "starved. Its own series are stale meanwhile; it is not paged as down while its "
@@ -438,7 +413,7 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     # earlier incident's ranks must not hide a new one), and its minimum over the job
     def of_recent_ranks(step: str) -> str:
         return f"(\n  max by (job_name, rank) ({step})\n  and on (job_name, rank)\n" \
-               f"{_indent(recent, '  ')}\n)"
+               f"{indent(recent, '  ')}\n)"
     per_rank_first = of_recent_ranks(first)
     job_first = f"min by (job_name) {per_rank_first}"
     # the follower's mute must outlast the job: a rank's fast-path post lives Alertmanager's
@@ -459,32 +434,32 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
         # Alertmanager merges the two. Named once every rank has been scraped at or past the
         # job's first non-finite step (a rank scraped earlier may hide an earlier origin), or
         # `nonfinite_settle` after it (a rank that stopped stepping holds the check back).
-        _alert(cfg, "MindFormersLossNotFinite",
+        alert(cfg, "MindFormersLossNotFinite",
                f"{per_rank_first}\n== on (job_name) group_left ()\n{job_first}\n"
                f"and on (job_name)\n(\n"
                f"  min by (job_name) ({m('mindformers_train_step')})\n"
-               f"  >= on (job_name)\n{_indent(job_first)}\n  or\n"
+               f"  >= on (job_name)\n{indent(job_first)}\n  or\n"
                f"  count by (job_name) (\n    {first} offset {cfg.nonfinite_settle}\n"
-               f"    and on (job_name, rank)\n{_indent(recent, '    ')}\n  )\n)",
+               f"    and on (job_name, rank)\n{indent(recent, '    ')}\n  )\n)",
                "0m", "critical", "Training loss is NaN or Inf.",
-               f"The loss of {_WHO} went NaN/Inf first, at step {{{{ $value }}}} (or within the "
+               f"The loss of {WHO} went NaN/Inf first, at step {{{{ $value }}}} (or within the "
                f"last {cfg.nonfinite_window}): the incident started on this rank. {followed} other "
                "rank(s) of the job followed a step later (the gradient all-reduce carries a NaN "
                "to every rank); look at this rank's data and inputs first."),
-        _alert(cfg, "MindFormersLossNotFiniteFollower",
+        alert(cfg, "MindFormersLossNotFiniteFollower",
                f"{held_first}\n> on (job_name) group_left ()\nmin by (job_name) {held_first}",
                "0m", "info", "A rank's loss went NaN or Inf after another rank's.",
-               f"The loss of {_WHO} went NaN/Inf at step {{{{ $value }}}}, after another rank's: "
+               f"The loss of {WHO} went NaN/Inf at step {{{{ $value }}}}, after another rank's: "
                "it followed (the gradient all-reduce carried it). Sent nowhere: it mutes this "
                "rank's own MindFormersLossNotFinite; the page names the rank it started on."),
-        _alert(cfg, "MindFormersGradNormNotFinite",
+        alert(cfg, "MindFormersGradNormNotFinite",
                f"count by (job_name) (\n"
                f"  (sum without (metric) (increase({nf_grad}[{w}])) > 0)\n"
                f"  unless on (job_name, rank)\n  (increase({overflow}[{w}]) > 0)\n)\n"
-               f"unless on (job_name)\n(\n{_indent(f'max by (job_name) ({recent})')}\n)",
+               f"unless on (job_name)\n(\n{indent(f'max by (job_name) ({recent})')}\n)",
                cfg.grad_norm_nonfinite_for, "critical",
                "Gradient norm is NaN or Inf while the loss stays finite.",
-               f"The gradient norm of {_JOB} was NaN/Inf on {{{{ $value }}}} rank(s) in the "
+               f"The gradient norm of {JOB} was NaN/Inf on {{{{ $value }}}} rank(s) in the "
                f"last {w} (by step {step_now}) while every rank's loss stayed finite and no "
                "loss-scale overflow explains it: the weights are turning NaN (a NaN input behind "
                "a ReLU keeps the loss finite and constant). The gradient all-reduce gives every "
@@ -500,10 +475,10 @@ def _training_stalled(cfg: RulesConfig) -> dict[str, Any]:
     m = cfg.m
     ts = m("mindformers_train_last_step_timestamp_seconds")
     steps = m("mindformers_train_steps_total")
-    running = _running_lately(cfg)
+    running = running_lately(cfg)
     stalled = (f"(\n  (time() - {ts}) > {cfg.stall_seconds}\n"
                f"  unless on (job_name, rank)\n"
-               f"  (time() - {ts}) <= on (job_name, rank) {_num(cfg.stall_step_factor)} * "
+               f"  (time() - {ts}) <= on (job_name, rank) {num(cfg.stall_step_factor)} * "
                f"{step_interval_record(cfg)}\n)\n"
                f"and on (job_name, rank) ({running})\n"
                f"and on (job_name, rank) (changes({steps}[{cfg.stall_seconds}s]) == 0)")
@@ -511,28 +486,28 @@ def _training_stalled(cfg: RulesConfig) -> dict[str, Any]:
     # without the step begin timestamp, an older exporter, counts as between steps)
     step = f"max by (job_name, rank) ({m('mindformers_train_step')})"
     position = (f"{step}\n+ on (job_name, rank)\n"
-                f"(\n  0.5 * (\n{_indent(_in_step(cfg), '    ')}\n  )\n"
+                f"(\n  0.5 * (\n{indent(in_step(cfg), '    ')}\n  )\n"
                 f"  or on (job_name, rank)\n  0 * {step}\n)\n"
                 f"and on (job_name, rank) ({running})")
-    behind = (f"(\n{_indent(position)}\n)\n< on (job_name) group_left ()\n"
-              f"max by (job_name) (\n{_indent(position)}\n)")
-    suspects = f"(\n{_indent(stalled)}\n)\nand on (job_name, rank)\n(\n{_indent(behind)}\n)"
-    return _alert(
+    behind = (f"(\n{indent(position)}\n)\n< on (job_name) group_left ()\n"
+              f"max by (job_name) (\n{indent(position)}\n)")
+    suspects = f"(\n{indent(stalled)}\n)\nand on (job_name, rank)\n(\n{indent(behind)}\n)"
+    return alert(
         cfg, "MindFormersTrainingStalled",
         f"{suspects}\nor on (job_name)\n"
-        f"max by (job_name) (\n{_indent(stalled)}\n)",
+        f"max by (job_name) (\n{indent(stalled)}\n)",
         cfg.stall_for, "critical", "Training made no step progress.",
         "{{ if $labels.rank }}"
-        f"{_WHO} completed no step for {{{{ $value | humanizeDuration }}}} and is the rank the "
+        f"{WHO} completed no step for {{{{ $value | humanizeDuration }}}} and is the rank the "
         "others wait for: it is not inside a step (or is behind) while the job's other ranks "
         "have gone further, into the next step's collective. Its data loader, host code, I/O "
         "or node hangs."
         "{{ else }}"
-        f"Every running rank of {_JOB} completed no step for {{{{ $value | humanizeDuration }}}}, "
+        f"Every running rank of {JOB} completed no step for {{{{ $value | humanizeDuration }}}}, "
         "all stopped at the same place, no rank behind the others: a hang inside the step (a "
         "collective, the device) or the same hang on every rank."
         "{{ end }}"
-        f" (threshold: the larger of {cfg.stall_seconds}s and {_num(cfg.stall_step_factor)} x "
+        f" (threshold: the larger of {cfg.stall_seconds}s and {num(cfg.stall_step_factor)} x "
         "the rank's mean step interval)")
 
 
@@ -540,10 +515,10 @@ def _straggler_rank(cfg: RulesConfig) -> dict[str, Any]:
     """The rank the others wait for (slow outside its timed step). A rank slow inside the
     step (compute) makes every rank's timed step equally long: no rank is named, the job's
     MindFormersThroughputDrop fires."""
-    running = _running_lately(cfg)
-    return _alert(
+    running = running_lately(cfg)
+    return alert(
         cfg, "MindFormersStragglerRank",
-        f"{WAITED_FOR} > {_num(cfg.straggler_wait_ratio)}\nand on (job_name, rank) ({running})",
+        f"{WAITED_FOR} > {num(cfg.straggler_wait_ratio)}\nand on (job_name, rank) ({running})",
         cfg.straggler_for, "warning", "The other ranks wait for one rank.",
         f"The other ranks of job {{{{ $labels.job_name }}}} wait for rank {{{{ $labels.rank }}}}: "
         "it spends {{ $value | humanizePercentage }} more of its time outside the training step "
@@ -563,16 +538,16 @@ def _checkpoint_too_old(cfg: RulesConfig) -> dict[str, Any]:
                 f"    / on (job_name, rank) ({steps_rate} > 0)\n"
                 f"    or on (job_name, rank)\n"
                 f"    {m('mindformers_train_checkpoint_interval_seconds')}")
-    return _alert(
+    return alert(
         cfg, "MindFormersCheckpointTooOld",
         f"(\n  {age}\n)\n> on (job_name, rank) group_left ()\nclamp_min(\n"
-        f"  {_num(cfg.checkpoint_interval_factor)} * (\n    {interval}\n  ),\n"
+        f"  {num(cfg.checkpoint_interval_factor)} * (\n    {interval}\n  ),\n"
         f"  {cfg.checkpoint_max_age_seconds}\n)\n"
         f"and on (job_name, rank) ({m('mindformers_train_status')} == {STATUS_RUNNING})",
         cfg.checkpoint_for, "warning", "No recent checkpoint.",
-        f"{_WHO} has saved no checkpoint for {{{{ $value | humanizeDuration }}}} of training "
+        f"{WHO} has saved no checkpoint for {{{{ $value | humanizeDuration }}}} of training "
         f"(threshold: the larger of {cfg.checkpoint_max_age_seconds}s and "
-        f"{_num(cfg.checkpoint_interval_factor)} x its checkpoint interval): a crash now would "
+        f"{num(cfg.checkpoint_interval_factor)} x its checkpoint interval): a crash now would "
         "lose all of it. Saves are failing, hang, or are configured too rarely.")
 
 

@@ -100,6 +100,13 @@ class RulesConfig:
     checkpoint_interval_factor: float = 3.0
     checkpoint_rate_window: str = "15m"
     checkpoint_for: str = "5m"
+    # cascades (mfotel.alerting.cascade): a rank has left the healthy state when it stayed out
+    # of the step while another waits inside a later one, or stayed silent, for longer than
+    # max(departure_seconds, departure_step_factor x its mean step interval); how long a
+    # departure is held: the first cause and what follows it (HCCL's time-out is 30 min)
+    departure_seconds: int = 10
+    departure_step_factor: float = 3.0
+    cascade_window: str = "1h"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -118,7 +125,7 @@ class RulesConfig:
             if f.name.endswith("_ratio") and not 0 < value < 1:
                 raise ValueError(f"RulesConfig.{f.name}={value!r} must be in (0, 1)")
         for name in ("stall_seconds", "step_drift_seconds", "loss_divergence_tolerance",
-                     "checkpoint_max_age_seconds"):
+                     "checkpoint_max_age_seconds", "departure_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"RulesConfig.{name}={getattr(self, name)!r} must be > 0")
         if duration_seconds(self.grad_norm_nonfinite_for) <= 0:
