@@ -7,14 +7,19 @@ whole job. A rank that finds it there, at train begin:
   local rank, world size and its endpoint (address, port, scheme), so the agent never guesses
   a rank from port windows, YAML or process names;
 - keeps a step heartbeat, `progress-<pid>` (32 bytes, memory-mapped): the last completed step,
-  when the current step began, when the last step ended. Two 8-byte stores a step on the
-  training thread; the agent reads it without the rank's GIL, so a rank that stopped stepping
-  (its data loader never returns) is seen as one while its /metrics still answers;
+  when the current step began, when the last step ended, and when the run ended (its final
+  status shown: a rank lingering after its last step is not one that stopped stepping). Two
+  8-byte stores a step on the training thread; the agent reads it without the rank's GIL, so
+  a rank that stopped stepping (its data loader never returns) is seen as one while its
+  /metrics still answers;
 - lets the agent capture its Python stacks: `faulthandler` is registered for `STACK_SIGNAL`
   (SIGURG, whose default action is to ignore it: sent to a process without the handler it does
   nothing), writing every thread's stack to `stacks-<pid>.txt`. faulthandler writes from the
   signal handler itself, in C: it dumps a rank that holds the GIL or sits in C code, and it
   stops nothing.
+
+The agent in turn writes `node.json` there when its node endpoint opens (its port and scheme):
+the rank's live page links the rank's stacks on it.
 
 Without `MFOTEL_NODE_DIR` (no launcher) nothing of this happens.
 
@@ -24,6 +29,7 @@ Without `MFOTEL_NODE_DIR` (no launcher) nothing of this happens.
     # the agent's side
     announcements(directory)              # [Announcement(...), ...]
     read_progress(directory / "progress-4242")   # Progress(step=12, begin=..., end=...)
+    write_node_endpoint(directory, 9463, "http")  # read_node_endpoint(directory): (9463, "http")
 """
 from __future__ import annotations
 
@@ -44,8 +50,10 @@ ENV_DIR = "MFOTEL_NODE_DIR"
 #: Default action: ignore. A capture sent to a process that has not registered it is harmless.
 STACK_SIGNAL = signal.SIGURG
 ANNOUNCEMENT_LIMIT = 64 << 10
-_PROGRESS = struct.Struct("<ddd")   # last completed step, step begin, last step end (unix s)
-_PROGRESS_SIZE = 32                 # the file's size: the struct, padded
+#: last completed step, step begin, last step end, run end (unix s; 0: not yet)
+_PROGRESS = struct.Struct("<dddd")
+_PROGRESS_SIZE = 32                 # the file's size: the struct
+NODE_FILE = "node.json"             # the agent's node endpoint: {"port": ..., "scheme": ...}
 _DOUBLE = struct.Struct("<d")
 
 
@@ -93,6 +101,7 @@ class Progress:
     step: int
     begin: float
     end: float
+    ended: float = 0.0   # when the run ended (its final status shown); 0 while it runs
 
     @property
     def in_step(self) -> bool:
@@ -109,17 +118,21 @@ def announcement_path(directory: Path, pid: int) -> Path:
     return directory / f"rank-{pid}.json"
 
 
-def announce(directory: Path, announcement: Announcement) -> Path:
-    """Write `rank-<pid>.json` atomically (a reader never sees half of it)."""
-    path = announcement_path(directory, announcement.pid)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(asdict(announcement), handle)
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def announce(directory: Path, announcement: Announcement) -> Path:
+    """Write `rank-<pid>.json` atomically (a reader never sees half of it)."""
+    path = announcement_path(directory, announcement.pid)
+    _write_atomically(path, json.dumps(asdict(announcement)))
     return path
 
 
@@ -148,8 +161,28 @@ def read_progress(path: str | Path) -> Progress | None:
         return None
     if len(data) < _PROGRESS.size:
         return None
-    step, begin, end = _PROGRESS.unpack_from(data)
-    return Progress(int(step), begin, end)
+    step, begin, end, ended = _PROGRESS.unpack_from(data)
+    return Progress(int(step), begin, end, ended)
+
+
+def write_node_endpoint(directory: Path, port: int, scheme: str) -> Path:
+    """The agent's side: `node.json`, where its node endpoint serves (written atomically)."""
+    path = directory / NODE_FILE
+    _write_atomically(path, json.dumps({"port": port, "scheme": scheme}))
+    return path
+
+
+def read_node_endpoint(directory: Path) -> tuple[int, str] | None:
+    """(port, scheme) of the node endpoint from `node.json`; None while there is none."""
+    try:
+        data = json.loads(read_regular_file(str(directory / NODE_FILE), ANNOUNCEMENT_LIMIT))
+    except (OSError, NotRegularFile, ValueError):
+        return None
+    port, scheme = (data.get("port"), data.get("scheme")) if isinstance(data, dict) else (0, "")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536 or \
+            scheme not in ("http", "https"):
+        return None
+    return port, scheme
 
 
 class NodeLink:
@@ -206,6 +239,11 @@ class NodeLink:
         if self._progress is not None:
             _DOUBLE.pack_into(self._progress, 0, step)
             _DOUBLE.pack_into(self._progress, 16, at)
+
+    def run_ended(self, at: float) -> None:
+        """The run's final status is shown (it lingers, stops stepping, on purpose)."""
+        if self._progress is not None:
+            _DOUBLE.pack_into(self._progress, 24, at)
 
     def close(self) -> None:
         """Unregister the dump and unmap the heartbeat; the files stay for the agent (a rank's

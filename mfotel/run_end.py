@@ -163,8 +163,11 @@ class RunParts:
 
     def show_status(self, status: int, reason: str) -> None:
         state = self.exporter.instruments.state
-        state.status, state.end_timestamp, state.end_reason = status, time.time(), reason
+        ended = time.time()
+        state.status, state.end_timestamp, state.end_reason = status, ended, reason
         self.exporter.instruments.touch()
+        if self.node_link is not None:  # it lingers now: no stopped rank to capture stacks of
+            self.node_link.run_ended(ended)
 
     def _linger(self) -> None:
         self.final_scraped = linger(self.exporter, self.config)

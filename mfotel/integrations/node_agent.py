@@ -28,7 +28,7 @@ zombie's /proc/PID/stat the moment it exits, before its parent reaps it; process
 supervisor reaps itself (its own children, orphans it adopted) are passed in by `reaped`.
 
     agent = NodeAgent(os.getpid(), AgentSettings(rank_port=9464))
-    agent.start()            # threads: watch (exits, new ranks), probe (liveness)
+    agent.start()            # threads: watch (exits, new ranks), probe (liveness), stacks
     agent.views()            # [RankView(job_name="llama", rank=1, state="running", ...)]
     agent.close()
 """
@@ -52,6 +52,7 @@ from ..identity import RANK_VARS, identity_from_env
 from ..node_link import Announcement
 from . import liveness, procfs
 from .procfs import ProcStat
+from .stacks import StackWatcher
 
 log = logging.getLogger("mfotel")
 
@@ -149,6 +150,8 @@ class RankView:
     endpoint_up: bool | None    # None: nothing listening (not opened yet, or closed)
     last_answer: float | None
     exit: Exit | None
+    stack_at: float | None = None  # unix time of its last stack capture (stacks.py)
+    stack_scheme: str = "http"     # the node endpoint's, which serves it (the ranks' web-config)
 
 
 def state_name(stat: ProcStat | None) -> str:
@@ -213,11 +216,13 @@ class NodeAgent:
         self._threads: list[threading.Thread] = []
         self._next_port_check = 0.0
         self._pool: ThreadPoolExecutor | None = None
+        self.stacks = StackWatcher(self.followed, self._stop, settings.rank_scheme)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> NodeAgent:
         """Start following (call with the supervisor's signals blocked: threads inherit it)."""
-        for name, target in (("watch", self._watch), ("probe", self._probe_loop)):
+        for name, target in (("watch", self._watch), ("probe", self._probe_loop),
+                             ("stacks", self.stacks.run)):
             thread = threading.Thread(target=target, name=f"mfotel-node-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -249,6 +254,11 @@ class NodeAgent:
         with self._lock:
             ranks = [rank for rank in self._ranks.values() if rank.exit is None]
         return all(_alive(rank) for rank in ranks)
+
+    def followed(self) -> list[_Rank]:
+        """Every rank followed, live or ended (mfotel.integrations.stacks reads them)."""
+        with self._lock:
+            return list(self._ranks.values())
 
     @property
     def has_ranks(self) -> bool:
@@ -528,7 +538,8 @@ class NodeAgent:
                 up = rank.answering if rank.endpoint is not None else None
                 views[(rank.job_name, rank.rank)] = RankView(
                     rank.job_name, rank.rank, rank.local_rank, rank.pid, state,
-                    stat.cpu_seconds, stat.rss_bytes, up, rank.last_answer, rank.exit)
+                    stat.cpu_seconds, stat.rss_bytes, up, rank.last_answer, rank.exit,
+                    self.stacks.captured_at(rank.job_name, rank.rank), self.settings.rank_scheme)
         return list(views.values())
 
 

@@ -8,6 +8,7 @@ bind address: `monitor_config.prometheus.host`, on `prometheus.node_port` (defau
     endpoint = NodeEndpoint(collector, cfg.prometheus, port=9463, source=cfg.source)
     endpoint.start()     # False (warned) when the port is taken
     endpoint.url         # http://127.0.0.1:9463/metrics
+    endpoint.route("/stacks", app)   # another path, behind the same web-config and limits
     endpoint.close()
 """
 from __future__ import annotations
@@ -69,6 +70,7 @@ class NodeEndpoint:
         cached = CachingCollector(_registry_of(collector), _each_second)
         registry.register(cached)
         self.scrapes = _Scrapes(CachedMetricsApp(registry, [cached]))
+        self.router = Router({"/metrics": self.scrapes})
         self.server: Server | None = None
 
     def start(self) -> bool:
@@ -76,9 +78,8 @@ class NodeEndpoint:
         limits = Limits(max_connections=self.prom.max_connections,
                         request_timeout=self.prom.request_timeout_seconds)
         try:
-            self.server = serve(Router({"/metrics": self.scrapes}), self.prom.host, self.port,
-                                self.web, limits, self.prom.auth_failures_per_second,
-                                name="mfotel-node")
+            self.server = serve(self.router, self.prom.host, self.port, self.web, limits,
+                                self.prom.auth_failures_per_second, name="mfotel-node")
         except OSError as exc:
             log.warning("mfotel-instrument: cannot serve the node endpoint on %s:%d (%s); the "
                         "job runs without it (ranks' deaths then page as MindFormersRankDown). "
@@ -88,6 +89,11 @@ class NodeEndpoint:
             return False
         self.port = self.server.port
         return True
+
+    def route(self, path: str, app: WsgiApp) -> None:
+        """Serve `app` at `path` too: behind the same web-config, limits and server
+        (mfotel.integrations.stacks: /stacks)."""
+        self.router.routes[path] = app
 
     @property
     def scheme(self) -> str:

@@ -52,6 +52,10 @@ SERIES: tuple[NodeSeries, ...] = (
                ("cause", "exit_code", "signal", "signal_name")),
     NodeSeries("mfotel_node_rank_exit_timestamp_seconds", "gauge",
                "Unix time the rank process ended"),
+    NodeSeries("mfotel_node_rank_stack_timestamp_seconds", "gauge",
+               "Unix time of the node agent's last capture of the rank's Python stacks (it "
+               "stopped stepping or answering), served at <scheme>://<this endpoint>/stacks"
+               "?job_name=<job_name>&rank=<rank>", ("scheme",)),
 )
 BY_NAME = {series.name: series for series in SERIES}
 
@@ -89,6 +93,9 @@ def families(views: Sequence[RankView]) -> list[Metric]:
                  "" if signum is None else str(signum),
                  "" if signum is None else signal_name(signum)], 1)
             out["mfotel_node_rank_exit_timestamp_seconds"].add_metric(who, view.exit.at)
+        if view.stack_at is not None:
+            out["mfotel_node_rank_stack_timestamp_seconds"].add_metric(
+                [*who, view.stack_scheme], view.stack_at)
     return list(out.values())
 
 

@@ -159,6 +159,7 @@ class NodeService:
             if not endpoint.start():
                 return
             self.endpoint = endpoint
+            self.agent.stacks.opened(endpoint)  # /stacks; node.json for the ranks' pages
             _note(f"node endpoint {endpoint.url} (each rank's process state, exit cause, CPU, "
                   f"memory; lingers {self.linger:g} s after the job once scraped)")
             self.target_file = self._write_target(endpoint)

@@ -190,6 +190,24 @@ def exe_name(pid: int) -> str:
         return ""
 
 
+def caught_signals(pid: int) -> frozenset[int] | None:
+    """The signals the process has a handler for (`SigCgt` of /proc/PID/status: one bit per
+    signal, process-wide); None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            text = handle.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("SigCgt:"):
+            try:
+                mask = int(line.split(":", 1)[1].strip(), 16)
+            except ValueError:
+                return None
+            return frozenset(bit + 1 for bit in range(mask.bit_length()) if mask >> bit & 1)
+    return None
+
+
 # ---------------------------------------------------------------- sockets
 def socket_inodes(pid: int) -> set[int]:
     """The inodes of the sockets process `pid` holds descriptors of (empty when unreadable)."""

@@ -50,6 +50,7 @@ def test_node_series_are_pinned():
         ("mfotel_node_rank_resident_memory_bytes", "gauge", ()),
         ("mfotel_node_rank_exit_info", "gauge", ("cause", "exit_code", "signal", "signal_name")),
         ("mfotel_node_rank_exit_timestamp_seconds", "gauge", ()),
+        ("mfotel_node_rank_stack_timestamp_seconds", "gauge", ("scheme",)),
     ]
 
 

@@ -15,7 +15,9 @@ from mfotel.node_link import (
     announce,
     announcements,
     node_dir,
+    read_node_endpoint,
     read_progress,
+    write_node_endpoint,
 )
 
 
@@ -87,3 +89,21 @@ def test_bad_or_partial_announcements_are_skipped(tmp_path):
     os.mkfifo(tmp_path / "rank-45.json")                                       # never blocks
     assert [a.pid for a in announcements(tmp_path)] == [41]
     assert read_progress(tmp_path / "progress-41") is None
+
+
+def test_the_heartbeat_tells_when_the_run_ended(link):
+    path = link.announcement.progress_file
+    link.step_end(9, 100.5)
+    assert read_progress(path).ended == 0.0
+    link.run_ended(101.0)   # its final status shown: it lingers, it does not step
+    assert (read_progress(path).step, read_progress(path).ended) == (9, 101.0)
+
+
+def test_the_agent_says_where_its_node_endpoint_serves(tmp_path):
+    assert read_node_endpoint(tmp_path) is None
+    write_node_endpoint(tmp_path, 9463, "https")
+    assert read_node_endpoint(tmp_path) == (9463, "https")
+    (tmp_path / "node.json").write_text('{"port": "9463", "scheme": "http"}')
+    assert read_node_endpoint(tmp_path) is None
+    (tmp_path / "node.json").write_text('{"port": 9463, "scheme": "file"}')
+    assert read_node_endpoint(tmp_path) is None
