@@ -104,13 +104,16 @@ class LivePage:
 
     `info`: constant facts shown on the page (job_name, rank, world_size, metrics, ...).
     `overview`: every rank's state, on the overview rank; elsewhere `overview_note` says
-    where it is, or why there is none.
+    where it is, or why there is none. `stacks`: where the node agent of mfotel-instrument
+    serves this rank's stack captures (port, scheme, path, query), None when nowhere.
     """
 
     def __init__(self, history: History, state: TrainState, info: Mapping[str, Any],
                  overview: Overview | None = None, overview_note: str | None = None,
-                 overview_url: str | None = None) -> None:
+                 overview_url: str | None = None,
+                 stacks: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
         self.history, self.state, self.info = history, state, dict(info)
+        self.stacks = stacks
         self.overview, self.overview_note, self.overview_url = overview, overview_note, overview_url
         if overview is not None:
             overview.local = self.summary
@@ -152,6 +155,7 @@ class LivePage:
                 "first_nonfinite_step": st.first_nonfinite_step,
                 "nonfinite_total": dict(st.nonfinite), "nonfinite_now": history.nonfinite_at(step),
                 "overflow": st.overflow, "export_errors": sum(list(st.export_errors.values())),
+                "stacks": self.stacks(),
                 "history": {"points": history.points, "capacity": history.capacity,
                             "stride": history.stride, "bytes": history.nbytes}}
 

@@ -317,3 +317,16 @@ def test_the_node_agent_captures_serves_and_reports_a_stuck_rank(child, tmp_path
 def endpoint_refresh() -> float:
     """The node endpoint re-collects at most once a second (node_endpoint._each_second)."""
     return 1.0
+
+
+# ---------------------------------------------------------------- the rank's live page
+def test_the_live_page_links_the_stacks_once_the_node_endpoint_says_where(tmp_path):
+    from mfotel.node_link import write_node_endpoint
+    from mfotel.ui import stacks_link
+    assert stacks_link("jt", 1, None)() is None   # no launcher: no link
+    link = stacks_link("j t", 1, tmp_path)
+    assert link() is None                         # its endpoint not open yet
+    write_node_endpoint(tmp_path, 9463, "https")
+    fresh = stacks_link("j t", 1, tmp_path)
+    assert fresh() == {"port": 9463, "scheme": "https", "path": "/stacks",
+                       "query": "job_name=j+t&rank=1"}

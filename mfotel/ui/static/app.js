@@ -312,6 +312,7 @@
       note.textContent = offScale ? `first step ${fmt(state.series.step_time[0])} s ` +
         "(includes graph compilation), off the scale" : "";
     }
+    renderStacks(c.stacks);
     renderCurrent(c);
     renderAlert(c);
     renderMarks();
@@ -320,6 +321,31 @@
       `(${(h.bytes / 1024).toFixed(0)} KiB)` + (h.stride > 1 ? `, every ${h.stride}th record ` +
       `of the run` : ", every record") + `; step interval ${c.step_interval}; ` +
       `updated every ${POLL_MS / 1000} s. Served by mfotel on this rank's /metrics port.`;
+  }
+
+  // Under mfotel-instrument: a link to this rank's last stack capture on the node endpoint
+  // (another port of this page's host; its own scheme), which the node agent takes when the
+  // rank stops stepping or answering.
+  function renderStacks(stacks) {
+    let link = $("stacks-link");
+    if (!stacks) {
+      if (link) link.remove();
+      return;
+    }
+    if (!link) {
+      link = el("a", { id: "stacks-link", text: "stacks", title: "this rank's Python stacks, " +
+        "as the node agent last captured them (when it stopped stepping or answering)" });
+      document.querySelector("header nav").append(" · ", link);
+    }
+    const target = new URL(location.href);
+    target.protocol = `${stacks.scheme}:`;
+    target.username = "";
+    target.password = "";
+    target.port = String(stacks.port);
+    target.pathname = stacks.path;
+    target.search = stacks.query;
+    target.hash = "";
+    if (link.href !== target.href) link.href = target.href;
   }
 
   // A loss / grad norm that is NaN/Inf at this step, or still is (as /metrics shows it):
