@@ -9,7 +9,8 @@ and /proc it tells, per rank:
   died by SIGKILL), or "cancelled" when it ended after mfotel-instrument passed a cancel on;
 - whether its /metrics answered a short liveness probe (`liveness`): "alive but not
   answering" (GIL held, compiling) is told apart from "gone";
-- the CPU seconds and resident memory of its process.
+- the CPU seconds and resident memory of its process;
+- the Python stacks of a rank that stopped stepping or answering (stacks.py, its own thread).
 
 Which process is which rank. A rank is the topmost Python process of the job whose
 environment (/proc/PID/environ, as exec gave it) carries a rank: `RANK_ID`, `RANK`, ... (the
