@@ -217,7 +217,7 @@ class NodeAgent:
         self._threads: list[threading.Thread] = []
         self._next_port_check = 0.0
         self._pool: ThreadPoolExecutor | None = None
-        self.stacks = StackWatcher(self.followed, self._stop, settings.rank_scheme)
+        self.stacks = StackWatcher(self.followed, self._stop)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> NodeAgent:

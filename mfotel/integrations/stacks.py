@@ -14,8 +14,9 @@ blocked in C code is dumped too, and nothing is stopped. The agent shares no GIL
   step for max(`FLOOR_SECONDS`, `STEP_INTERVALS` x its mean step interval, as its heartbeat
   showed it over the last observations), inside a step or between two; a rank whose /metrics
   did not answer the liveness probe ("silent"). Once when such an episode begins, again at most
-  every `RECAPTURE_SECONDS` while it lasts; never while the rank steps and answers, never
-  before its first measured steps (compilation), never once its run ended (its linger).
+  every `RECAPTURE_SECONDS` while it lasts, never twice within `FLOOR_SECONDS` (a rank that
+  answers a probe now and then starts many short episodes); never while the rank steps and
+  answers, never before its first measured steps (compilation), never once its run ended.
 - What is kept (`Capture`), per (job, rank): the text, pid, unix time, why, the heartbeat's
   step and whether it was inside a step; kept after the rank ended, replaced by the next
   capture of that rank (a restarted rank's too).
@@ -23,7 +24,7 @@ blocked in C code is dumped too, and nothing is stopped. The agent shares no GIL
   (the index; `?format=json`), `GET /stacks?job_name=J&rank=R` (one capture, text/plain);
   the series `mfotel_node_rank_stack_timestamp_seconds{scheme}` (node_metrics) says when.
 
-    watcher = StackWatcher(agent.followed, stop, scheme="http")   # NodeAgent makes it
+    watcher = StackWatcher(agent.followed, stop)   # NodeAgent makes it
     threading.Thread(target=watcher.run).start()                  # NodeAgent.start does
     watcher.opened(endpoint)       # serves /stacks; node.json for the ranks' live pages
     watcher.captured_at("llama", 1)   # unix time of rank 1's last capture, or None
@@ -252,6 +253,7 @@ class _Watch:
     since: float | None = None      # when the episode began (None: healthy)
     tried: float | None = None      # the episode's last capture or attempt
     got: bool = False               # whether that attempt got a dump
+    last: float | None = None       # this process's last capture, whatever the episode
 
 
 class StackWatcher:
@@ -259,12 +261,12 @@ class StackWatcher:
     answering (see the module docstring); `stop` ends `run`."""
 
     def __init__(self, followed: Callable[[], Iterable[Followed]],
-                 stop: threading.Event | None = None, scheme: str = "http",
+                 stop: threading.Event | None = None,
                  clock: Callable[[], float] = time.time, floor: float = FLOOR_SECONDS,
                  intervals: float = STEP_INTERVALS, recapture: float = RECAPTURE_SECONDS,
                  retry: float = RETRY_SECONDS, check_interval: float = CHECK_SECONDS) -> None:
         self.followed, self.stop = followed, stop or threading.Event()
-        self.scheme, self.clock = scheme, clock
+        self.clock = clock
         self.floor, self.intervals, self.recapture = floor, intervals, recapture
         self.retry, self.check_interval = retry, check_interval
         self._lock = threading.Lock()
@@ -335,11 +337,14 @@ class StackWatcher:
             elif watch.tried is not None and \
                     now - watch.tried < (self.recapture if watch.got else self.retry):
                 continue
+            if watch.last is not None and now - watch.last < self.floor:
+                continue   # episodes in quick succession: one capture per floor at most
             watch.tried = now
             got = dump(rank.pid, rank.start_ticks, announcement)
             watch.got = got is not None
             if got is None:
                 continue
+            watch.last = now
             capture = Capture(rank.job_name, rank.rank, rank.pid, self.clock(), why,
                               progress.step if progress else None,
                               progress.in_step if progress else None, got.text, got.size)

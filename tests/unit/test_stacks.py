@@ -244,6 +244,19 @@ def test_the_threshold_is_ten_mean_step_intervals_above_the_floor(child):
     assert taken.at - blocked >= 10 * 0.25 - 0.1
 
 
+def test_a_rank_that_answers_now_and_then_is_captured_once_a_floor_at_most(child):
+    rank = child("loader")
+    ranks = [followed(rank, answering=False)]
+    watcher = stacks.StackWatcher(lambda: ranks, floor=2.0)
+    [first] = watcher.check()
+    ranks[0].answering = True    # one probe answered: the episode ends
+    assert watcher.check() == []
+    ranks[0].answering = False   # silent again: a new episode, too soon after the capture
+    assert watch_for(watcher, 1.0) == []
+    [second] = wait_for(watcher.check, settle(2.0), 0.1, "the next episode's capture")
+    assert second.at - first.at >= 2.0
+
+
 def test_a_rank_whose_run_ended_lingers_without_captures(child):
     rank = child("steps", "--step-seconds", "0.05")
     watcher = stacks.StackWatcher(lambda: [followed(rank)], floor=1.0)

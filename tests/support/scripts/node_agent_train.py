@@ -4,14 +4,13 @@
 
 At the end of each step rank r looks in DIR for
 - hold-<r> (seconds): hold the GIL that long in one C call, as graph compilation does
-  (`ctypes.PyDLL` never releases it), then train on; held-<r> / released-<r> get the times;
+  (gil.py: `ctypes.PyDLL` never releases it, and the node agent's stack capture, a signal,
+  does not end it early), then train on; held-<r> / released-<r> get the times;
 - raise-<r>: raise, so training fails (the rank reports status 3) and the process exits
   with status 3.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples" / "multirank"))
 import train_dp
+from gil import hold_gil
 from handover import write_atomically
 
 EXIT_STATUS = 3
@@ -33,7 +33,6 @@ def with_faults(inner: Any, folder: Path) -> Any:
     """`inner` (train_dp's per-step callback), then the faults DIR asks for."""
     from mindspore.train import Callback
 
-    hold = ctypes.PyDLL(ctypes.util.find_library("c")).sleep
     rank = os.environ.get("RANK_ID", "0")
 
     class Faults(Callback):
@@ -47,7 +46,7 @@ def with_faults(inner: Any, folder: Path) -> Any:
                 seconds = int(trigger.read_text())
                 trigger.unlink()
                 write_atomically(folder / f"held-{rank}", str(time.time()))
-                hold(seconds)
+                hold_gil(seconds)
                 write_atomically(folder / f"released-{rank}", str(time.time()))
             if (folder / f"raise-{rank}").exists():
                 raise InjectedFault(f"rank {rank}: fault injected by the test")

@@ -7,8 +7,8 @@ begin), unless MODE is `bare`, then writes DIR/ready-<pid> and:
 
 - loader: steps 3 times, then (ready) blocks in its dataset's `__getitem__` (a data loader
   that never returns);
-- gil: holds the GIL in one C call (`ctypes.PyDLL` keeps it) in `hold_the_gil`; a ticker
-  thread writes DIR/tick-<pid> every 20 ms while it can run;
+- gil: holds the GIL in one C call (gil.py: signals do not end it) in `hold_the_gil`; a
+  ticker thread writes DIR/tick-<pid> every 20 ms while it can run;
 - steps: steps every S seconds (heartbeat), and obeys DIR/<what>-<pid>: `block` (blocks in
   `__getitem__` while the file exists), `end` (its run ends: final status, it lingers);
 - bare: no rendezvous, no handler; a SIGTERM handler writes DIR/sigterm-<pid>.
@@ -16,13 +16,13 @@ begin), unless MODE is `bare`, then writes DIR/ready-<pid> and:
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+
+from gil import hold_gil
 
 from mfotel.node_link import Announcement, NodeLink
 
@@ -40,10 +40,7 @@ class Dataset:
 
 
 def hold_the_gil(seconds: int) -> None:
-    """sleep(3) keeping the GIL; a signal handled (the capture's) ends a sleep early: again."""
-    sleep = ctypes.PyDLL(ctypes.util.find_library("c")).sleep
-    while True:
-        sleep(seconds)
+    hold_gil(seconds)   # in one C call, the capture's signal notwithstanding
 
 
 def main() -> None:
