@@ -52,7 +52,6 @@ from ..node_link import (
     Announcement,
     Progress,
     announcement_path,
-    node_dir,
     read_progress,
     write_node_endpoint,
 )
@@ -291,9 +290,10 @@ class StackWatcher:
     # ------------------------------------------------------------------ the node endpoint
     def opened(self, endpoint: Any) -> None:
         """The node endpoint opened: serve /stacks on it, and tell the ranks' live pages
-        where it is (node.json in the node directory)."""
+        where it is (node.json in the node directory their environment names: the command's,
+        not necessarily this process's)."""
         endpoint.route(PATH, StacksApp(self))
-        directory = node_dir() or next(
+        directory = next(
             (d for d in (self._environ_dir(r.pid) for r in self.followed()) if d), None)
         if directory is None:
             return
