@@ -17,18 +17,18 @@ from typing import Any
 import yaml
 
 from ..contract import (
+    STATUS_COMPLETED,
     STATUS_FAILED,
     STATUS_RUNNING,
     finite_samples,
 )
+from .cascade import FAILED_EXIT as FAILED_EXIT
+from .cascade import FIRST, cascade_alerts, cascade_records
 from .promql import (
     ALIVE,
-    ENDED,
-    FAILED_CAUSES,
     JOB,
     WHO,
     alert,
-    ended_as_asked,
     in_step,
     indent,
     num,
@@ -88,9 +88,6 @@ IN_STEP = "job_name_rank:mindformers_train_in_step:bool"
 # where the incident started, the others followed after the gradient all-reduce.
 FIRST_NONFINITE = "job_name:mindformers_train_first_nonfinite_step:min"
 
-#: When each rank that failed ended, as its node agent reported it (one per job names the
-#: first: a launcher such as msrun kills the others after it).
-FAILED_EXIT = "job_name_rank:mfotel_node_rank_exit_timestamp_seconds:failed"
 
 
 def _finite_mean(selector: str, window: str) -> str:
@@ -171,13 +168,6 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": loss_median_record(cfg),
          "expr": f"quantile by (job_name) (0.5, {loss_mean_record(cfg)})"},
     ]
-    node = [
-        {"record": FAILED_EXIT,
-         "expr": f"max by (job_name, rank) (\n"
-                 f"  {m('mfotel_node_rank_exit_timestamp_seconds')}\n"
-                 f"  and on (job_name, rank) {m('mfotel_node_rank_exit_info', FAILED_CAUSES)}\n"
-                 f")\nunless on (job_name, rank) {ended_as_asked(cfg)}"},
-    ]
     exporter = [
         {"record": EXPORT_ERRORS,
          "expr": f"sum by (job_name, stage) (increase({m('mfotel_export_errors_total')}[1m]))"},
@@ -187,7 +177,7 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
             {"name": "mindformers-ranks.rules", "rules": ranks},
             {"name": "mindformers-job.rules", "rules": job},
             {"name": "mindformers-loss.rules", "rules": loss},
-            {"name": "mindformers-node.rules", "rules": node},
+            {"name": "mindformers-cascade.rules", "rules": cascade_records(cfg)},
             {"name": "mfotel-exporter.rules", "rules": exporter}]
 
 
@@ -226,27 +216,6 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
     overflow = m("mindformers_train_overflow_total")
     health = [
         *nonfinite_alerts(cfg),
-        _training_stalled(cfg),
-        # Only a rank last seen running pages: one that completed (2), failed (3, warns
-        # below), was cancelled (4: SIGTERM / SIGINT, reported before it exits) or died while
-        # compiling (0) does not; one killed without a catchable signal (kill -9, OOM) does.
-        # Where a node agent follows the rank, its own alerts say what happened
-        # (MindFormersRankExited, MindFormersRankUnresponsive): muted while it reports the rank,
-        # and after it lingered out if its last word was that the rank ended. A rank whose
-        # agent is gone (killed, node down) before the rank pages here, as without one.
-        alert(cfg, "MindFormersRankDown",
-               f"(last_over_time({status}[{cfg.rank_down_lookback}]) == {STATUS_RUNNING})\n"
-               f"unless on (job_name, rank) {status}\n"
-               f"unless on (job_name, rank) "
-               f"(last_over_time({m('mindformers_train_progress_ratio')}"
-               f"[{cfg.rank_down_lookback}]) >= 1)\n"
-               f"unless on (job_name, rank) {m('mfotel_node_rank_state')}\n"
-               f"unless on (job_name, rank) (max by (job_name, rank) (last_over_time("
-               f"{m('mfotel_node_rank_state', ENDED)}[{cfg.rank_down_lookback}])) == 1)",
-               cfg.rank_down_for, "critical", "A training rank disappeared while running.",
-               f"{WHO} (target {{{{ $labels.instance }}}}) was last seen running and has "
-               "not been scraped since: the process died, hangs in a way that blocks /metrics, "
-               "or its node is unreachable."),
         alert(cfg, "MindFormersTrainingFailed",
                f"last_over_time({status}[{cfg.failed_lookback}]) == {STATUS_FAILED}",
                "0m", "warning", "A training rank reported failed or stopped.",
@@ -256,7 +225,10 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         # cannot turn a label into a number, so count_values turns the reporting count into a
         # label of the same name and the two are compared as labels.
         # A rank its node agent reports alive counts as present (its /metrics may be silent
-        # while it compiles; MindFormersRankUnresponsive says so).
+        # while it compiles; MindFormersRankUnresponsive says so), and so does a rank that
+        # completed (its job is finishing: rank 0 saves the last checkpoint). A job with a
+        # rank that left the healthy state has its culprit's page (mfotel.alerting.cascade):
+        # the ranks missing after it are that page's context.
         alert(cfg, "MindFormersRanksMissing",
                f"(\n  max by (job_name, world_size) ({m('mindformers_train_rank_info')})\n"
                f"  unless on (job_name, world_size)\n"
@@ -264,8 +236,12 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                f"    max by (job_name, rank) ({m('mindformers_train_rank_info')})\n"
                f"    or\n"
                f"    max by (job_name, rank) ({m('mfotel_node_rank_state', ALIVE)} == 1)\n"
+               f"    or\n"
+               f"    max by (job_name, rank) (last_over_time({status}[{cfg.rank_down_lookback}]) "
+               f"== {STATUS_COMPLETED})\n"
                f"  ))\n)\n"
-               f"and on (job_name) ({RANKS_RUNNING} > 0)",
+               f"and on (job_name) ({RANKS_RUNNING} > 0)\n"
+               f"unless on (job_name) {FIRST}",
                cfg.ranks_missing_for, "critical",
                "A job has fewer ranks reporting than its world size.",
                f"{JOB} has "
@@ -339,37 +315,18 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
     return [{"name": "mindformers-health.alerts", "rules": health},
             {"name": "mindformers-dynamics.alerts", "rules": dynamics},
             {"name": "mindformers-performance.alerts", "rules": performance},
+            {"name": "mindformers-cascade.alerts", "rules": cascade_alerts(cfg)},
             {"name": "mindformers-node.alerts", "rules": node_alerts(cfg)}]
 
 
 def node_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
-    """What a rank's node agent (mfotel-instrument) reports: how a rank ended, and a rank alive
-    whose /metrics is silent. Without an agent neither fires, and MindFormersRankDown pages."""
+    """What a rank's node agent (mfotel-instrument) reports beyond the cascade's pages
+    (mfotel.alerting.cascade: how a rank ended): a rank alive whose /metrics is silent."""
     m = cfg.m
-    exit_info = m("mfotel_node_rank_exit_info", FAILED_CAUSES)
-    how = ('{{ if eq $labels.cause "signal" }}killed by signal {{ $labels.signal }} '
-           '({{ $labels.signal_name }})'
-           '{{ else if eq $labels.cause "oom" }}killed by the kernel\'s OOM killer (signal '
-           '{{ $labels.signal }}, {{ $labels.signal_name }}: its memory cgroup counted an '
-           'oom_kill as it died)'
-           '{{ else if eq $labels.cause "exit_code" }}exit code {{ $labels.exit_code }}'
-           '{{ else }}how is unknown (its parent reaped it before the node agent read its '
-           'status){{ end }}')
-    others = ('{{ with printf "count(mfotel_node_rank_exit_info{job_name=\'%s\'}) - 1" '
-              '$labels.job_name | query }}{{ . | first | value }}{{ end }}')
     state = ('{{ with printf "max by (state) (mfotel_node_rank_state{job_name=\'%s\','
              'rank=\'%s\'} == 1)" $labels.job_name $labels.rank | query }}'
              '{{ . | first | label "state" }}{{ end }}')
     return [
-        # One page per job: the first rank that failed names the cause; the ranks a launcher
-        # (msrun) killed after it are its consequence, not more causes.
-        alert(cfg, "MindFormersRankExited",
-               f"max by (job_name, rank, cause, exit_code, signal, signal_name) ({exit_info})\n"
-               f"and on (job_name, rank)\n(\n  {FAILED_EXIT}\n"
-               f"  == on (job_name) group_left ()\n  min by (job_name) ({FAILED_EXIT})\n)",
-               "0m", "critical", "A training rank's process ended while the job should run.",
-               f"{WHO} exited: {how}. Its node agent saw it end first among the job's ranks; "
-               f"{others} other rank(s) of the job ended after it."),
         alert(cfg, "MindFormersRankUnresponsive",
                f"(time() - {m('mfotel_node_rank_endpoint_last_answer_timestamp_seconds')})\n"
                f"and on (job_name, rank) ({m('mfotel_node_rank_endpoint_up')} == 0)\n"
@@ -414,19 +371,21 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     def of_recent_ranks(step: str) -> str:
         return f"(\n  max by (job_name, rank) ({step})\n  and on (job_name, rank)\n" \
                f"{indent(recent, '  ')}\n)"
-    per_rank_first = of_recent_ranks(first)
-    job_first = f"min by (job_name) {per_rank_first}"
-    # the follower's mute must outlast the job: a rank's fast-path post lives Alertmanager's
-    # resolve_timeout (5m) from the NaN on, while the instant series vanish when the job stops
-    # (a mute lifted then pages the follower). Held over the window, as `recent` already is.
-    held_first = of_recent_ranks(f"last_over_time({first}[{cfg.nonfinite_window}])")
+    # held over the window, as `recent` already is: the ranks' series vanish at the job's end
+    # one by one, and the origin must not move to a rank still scraped (its follower), nor the
+    # follower's mute lift (a rank's fast-path post lives Alertmanager's resolve_timeout, 5m)
+    w = cfg.nonfinite_window
+    held_first = of_recent_ranks(f"last_over_time({first}[{w}])")
+    job_first = f"min by (job_name) {held_first}"
+    held_step = f"max by (job_name, rank) (last_over_time({m('mindformers_train_step')}[{w}]))"
     nf_grad = m("mindformers_train_nonfinite_total", 'metric="grad_norm"')
     overflow = m("mindformers_train_overflow_total")
-    w = cfg.nonfinite_window
-    # the alert's value is the rank's first non-finite step
-    followed = ('{{ with printf "count(mindformers_train_first_nonfinite_step{job_name=\'%s\'} '
-                '> %v)" $labels.job_name $value | query }}{{ . | first | value }}'
-                '{{ else }}0{{ end }}')
+    # the alert's value is the rank's first non-finite step; a follower's shows one step
+    # later, and may not be scraped yet when the page goes out
+    followed = ('{{ with printf "count(last_over_time(mindformers_train_first_nonfinite_step'
+                f"{{job_name='%s'}}[{w}]) > %v)\" $labels.job_name $value | query }}}}"
+                "{{ . | first | value }} other rank(s) of the job followed a step later"
+                "{{ else }}The other ranks of the job follow a step later{{ end }}")
     step_now = ('{{ with printf "max(mindformers_train_step{job_name=\'%s\'})" $labels.job_name '
                 '| query }}{{ . | first | value }}{{ end }}')
     return [
@@ -435,17 +394,17 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
         # job's first non-finite step (a rank scraped earlier may hide an earlier origin), or
         # `nonfinite_settle` after it (a rank that stopped stepping holds the check back).
         alert(cfg, "MindFormersLossNotFinite",
-               f"{per_rank_first}\n== on (job_name) group_left ()\n{job_first}\n"
+               f"{held_first}\n== on (job_name) group_left ()\n{job_first}\n"
                f"and on (job_name)\n(\n"
-               f"  min by (job_name) ({m('mindformers_train_step')})\n"
+               f"  min by (job_name) ({held_step})\n"
                f"  >= on (job_name)\n{indent(job_first)}\n  or\n"
                f"  count by (job_name) (\n    {first} offset {cfg.nonfinite_settle}\n"
                f"    and on (job_name, rank)\n{indent(recent, '    ')}\n  )\n)",
                "0m", "critical", "Training loss is NaN or Inf.",
                f"The loss of {WHO} went NaN/Inf first, at step {{{{ $value }}}} (or within the "
-               f"last {cfg.nonfinite_window}): the incident started on this rank. {followed} other "
-               "rank(s) of the job followed a step later (the gradient all-reduce carries a NaN "
-               "to every rank); look at this rank's data and inputs first."),
+               f"last {cfg.nonfinite_window}): the incident started on this rank. {followed} "
+               "(the gradient all-reduce carries a NaN to every rank); look at this rank's data "
+               "and inputs first."),
         alert(cfg, "MindFormersLossNotFiniteFollower",
                f"{held_first}\n> on (job_name) group_left ()\nmin by (job_name) {held_first}",
                "0m", "info", "A rank's loss went NaN or Inf after another rank's.",
@@ -466,49 +425,6 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
                "rank the same norm, so it does not tell where it started; stop or roll back "
                "before the next checkpoint saves NaN weights."),
     ]
-
-
-def _training_stalled(cfg: RulesConfig) -> dict[str, Any]:
-    """Stalled ranks, naming the ones the others wait for: a rank not inside a step while
-    others are (the rest wait in the next step's collective), or behind them. When no rank
-    stands out (all inside the same step: a collective or device hang), one alert per job."""
-    m = cfg.m
-    ts = m("mindformers_train_last_step_timestamp_seconds")
-    steps = m("mindformers_train_steps_total")
-    running = running_lately(cfg)
-    stalled = (f"(\n  (time() - {ts}) > {cfg.stall_seconds}\n"
-               f"  unless on (job_name, rank)\n"
-               f"  (time() - {ts}) <= on (job_name, rank) {num(cfg.stall_step_factor)} * "
-               f"{step_interval_record(cfg)}\n)\n"
-               f"and on (job_name, rank) ({running})\n"
-               f"and on (job_name, rank) (changes({steps}[{cfg.stall_seconds}s]) == 0)")
-    # a running rank's place: its last completed step, + 0.5 inside the next one (a rank
-    # without the step begin timestamp, an older exporter, counts as between steps)
-    step = f"max by (job_name, rank) ({m('mindformers_train_step')})"
-    position = (f"{step}\n+ on (job_name, rank)\n"
-                f"(\n  0.5 * (\n{indent(in_step(cfg), '    ')}\n  )\n"
-                f"  or on (job_name, rank)\n  0 * {step}\n)\n"
-                f"and on (job_name, rank) ({running})")
-    behind = (f"(\n{indent(position)}\n)\n< on (job_name) group_left ()\n"
-              f"max by (job_name) (\n{indent(position)}\n)")
-    suspects = f"(\n{indent(stalled)}\n)\nand on (job_name, rank)\n(\n{indent(behind)}\n)"
-    return alert(
-        cfg, "MindFormersTrainingStalled",
-        f"{suspects}\nor on (job_name)\n"
-        f"max by (job_name) (\n{indent(stalled)}\n)",
-        cfg.stall_for, "critical", "Training made no step progress.",
-        "{{ if $labels.rank }}"
-        f"{WHO} completed no step for {{{{ $value | humanizeDuration }}}} and is the rank the "
-        "others wait for: it is not inside a step (or is behind) while the job's other ranks "
-        "have gone further, into the next step's collective. Its data loader, host code, I/O "
-        "or node hangs."
-        "{{ else }}"
-        f"Every running rank of {JOB} completed no step for {{{{ $value | humanizeDuration }}}}, "
-        "all stopped at the same place, no rank behind the others: a hang inside the step (a "
-        "collective, the device) or the same hang on every rank."
-        "{{ end }}"
-        f" (threshold: the larger of {cfg.stall_seconds}s and {num(cfg.stall_step_factor)} x "
-        "the rank's mean step interval)")
 
 
 def _straggler_rank(cfg: RulesConfig) -> dict[str, Any]:

@@ -57,6 +57,9 @@ MOVED = {
     "nonfinite_window": ("10m", "3m"),
     "nonfinite_settle": ("3m", "30s"),
     "grad_norm_nonfinite_for": ("3m", "30s"),
+    "departure_seconds": ("12", "5"),
+    "departure_step_factor": ("5", "2"),
+    "cascade_window": ("2h", "30m"),
 }
 LOOSER = {key: values[0] for key, values in MOVED.items()}
 STRICTER = {key: values[1] for key, values in MOVED.items()}
@@ -151,7 +154,8 @@ def test_the_rendered_tests_follow_the_settings(tmp_path):
 def test_the_selector_labels_go_on_the_rules_series_and_what_keeps_them():
     text = render_rule_tests(RulesConfig(selector='cluster="a"'))["stall-down-failed.yml"]
     document = yaml.safe_load(text)
-    first = document["tests"][0]
+    # MindFormersRankDown keeps every label of the rank's series, the selector's with them
+    first = next(t for t in document["tests"] if t["name"] == "a rank that vanishes while running is down")
     assert all('cluster="a"' in s["series"] for s in first["input_series"])
     alert = next(c for c in first["alert_rule_test"] if c["exp_alerts"])["exp_alerts"][0]
     assert alert["exp_labels"]["cluster"] == "a"

@@ -35,6 +35,9 @@ JOB_LEVEL_ALERTS = frozenset({"MindFormersRanksMissing", "MindFormersThroughputD
                               "MindFormersGradNormNotFinite"})
 #: Alerts that name the rank(s) the others wait for, else the job when no rank stands out.
 RANK_OR_JOB_ALERTS = frozenset({"MindFormersTrainingStalled"})
+#: The pages of a cascade's culprit (mfotel.alerting.cascade): they carry a stacks_url.
+CULPRIT_ALERTS = frozenset({"MindFormersTrainingStalled", "MindFormersRankFailed",
+                            "MindFormersRankExited", "MindFormersRankDown"})
 
 INSTALL = {"promtool": "apt-get install prometheus",
            "amtool": "apt-get install prometheus-alertmanager"}
@@ -97,7 +100,8 @@ def test_rules_with_a_custom_selector_and_thresholds_are_valid(tmp_path: Path) -
     run_tool("promtool", "check", "rules", *map(str, paths))
     text = (tmp_path / rules.ALERTS_FILE).read_text()
     assert 'mindformers_train_status{cluster="a", job=~"mindformers.*"}' in text
-    assert "> 1800" in text and "for: 5m" in text and "stall_seconds=1800" in text
+    # the stall threshold with stall_for inside the expression (a consequence pages at once)
+    assert "> 1920" in text and "for: 5m" in text and "stall_seconds=1800" in text
     recorded = (tmp_path / rules.RECORDING_FILE).read_text()
     assert 'mindformers_train_samples_total{cluster="a", job=~"mindformers.*"}' in recorded
     # the loss records are named after their window, and the alert reads those names
@@ -182,7 +186,9 @@ def test_alert_follows_mixin_conventions(rule: dict) -> None:
     severities = ("info",) if rule["alert"] in rules.INFO_ALERTS else ("critical", "warning")
     assert rule["labels"]["severity"] in severities
     annotations = rule["annotations"]
-    assert set(annotations) == {"summary", "description", "runbook_url"}
+    # a culprit's page links the stacks its node agent captured (mfotel.alerting.cascade)
+    extra = {"stacks_url"} if rule["alert"] in CULPRIT_ALERTS else set()
+    assert set(annotations) == {"summary", "description", "runbook_url", *extra}
     assert "{{" not in annotations["summary"], "summary must be static"
     assert "$labels.job_name" in annotations["description"]
     if rule["alert"] in JOB_LEVEL_ALERTS:
@@ -255,8 +261,9 @@ def test_firing_cases_check_labels_and_annotations() -> None:
                     if case["alertname"] not in RANK_OR_JOB_ALERTS:
                         job_level = case["alertname"] in JOB_LEVEL_ALERTS
                         assert ("rank" in alert["exp_labels"]) != job_level, where
+                    extra = {"stacks_url"} if case["alertname"] in CULPRIT_ALERTS else set()
                     assert set(alert["exp_annotations"]) == {
-                        "summary", "description", "runbook_url"}, where
+                        "summary", "description", "runbook_url", *extra}, where
 
 
 def test_every_recording_rule_is_unit_tested() -> None:
@@ -313,7 +320,8 @@ def test_rules_group_by_contract_labels_only() -> None:
     # the contract's labels (rank_info's world_size, nonfinite_total's metric, ...) and
     # Prometheus' target and histogram labels
     allowed = set(COMMON_LABELS) | {label for spec in CONTRACT for label in spec.labels} | {
-        "job", "instance", "le", "namespace", "pod_name"} | {  # + rank_info's Kubernetes labels
+        "job", "instance", "le", "namespace", "pod_name", "how"} | {  # + rank_info's Kubernetes
+        # labels, and `how` a rank left the healthy state (the cascade records make it)
         label for series in NODE_SERIES for label in series.labels}  # + the node agent's
     for rule in alert_rules() + recording_rules():
         for clause in re.findall(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)", rule["expr"]):

@@ -1,0 +1,412 @@
+"""Cascades: the page names the first cause, never the last victim (docs/alerting.md).
+
+In synchronous training one rank's fault takes the whole job down, and the ranks that end
+first are often its victims: a rank blocked between steps leaves the others waiting inside
+the next step's collective until MindSpore gives up (30 s on CPU, HCCL's 30 min on Ascend),
+so a waiting rank fails first and the launcher then kills the rest; a stopped rank is not even
+scraped; an exception on one rank makes msrun kill the others, which vanish.
+
+So each rank's departures from the healthy state are recorded, with when and how
+(`DEPARTURES{how}`):
+
+| how | the rank ... | from |
+|---|---|---|
+| waited_for | stayed out of the step while another waits inside a later one | step times |
+| stopped | is stopped (SIGSTOP, a debugger, a frozen host) | its node agent |
+| unresponsive | is alive but its /metrics stopped answering | its node agent |
+| failed | had its training ended by an exception | its own end timestamp |
+| exited | ended its process on its own (not as asked) | its node agent |
+| vanished | was last seen running and is gone, with no agent to say how | its series |
+| ended | ended as asked (completed, stopped, cancelled): orders the others, never a cause | both |
+
+`waited_for` counts once it lasted max(departure_seconds, departure_step_factor x the rank's
+mean time outside the step per step: a rank slow on input each step is no departure),
+`unresponsive` once it lasted max(departure_seconds, departure_step_factor x its mean step
+interval). A departure is held for
+`cascade_window` after its facts vanished, and is void once the rank completes a step after it.
+The job's culprit is the rank that left first (`CULPRIT`); what the page says of it is its own
+first terminal fact (failed, exited, vanished) when that came before every other rank's
+departure or end, else how it left while it lived (waited_for, stopped, unresponsive). Every
+other rank's departure or end is the cascade's consequence: carried in the culprit's page,
+never paged on its own.
+
+| the culprit | alert |
+|---|---|
+| exited first | MindFormersRankExited |
+| failed first | MindFormersRankFailed |
+| vanished first | MindFormersRankDown |
+| waited for, stopped, unresponsive | MindFormersTrainingStalled, once some rank left for good |
+|  | (the job's time-out), or at the stall threshold |
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..contract import STATUS_RUNNING
+from .promql import (
+    ALIVE,
+    ENDED,
+    FAILED_CAUSES,
+    JOB,
+    WHO,
+    alert,
+    ended_as_asked,
+    indent,
+    num,
+    step_interval_record,
+)
+from .thresholds import RulesConfig, duration_seconds
+
+#: A rank that left this way lives on (the page waits for a consequence or the stall threshold).
+WAITING = ("waited_for", "stopped", "unresponsive")
+#: A rank that left this way is gone for good.
+TERMINAL = ("failed", "exited", "vanished")
+HOWS = (*WAITING, *TERMINAL, "ended")
+
+#: Recorded series (one rule group, in this order).
+FAILED_EXIT = "job_name_rank:mfotel_node_rank_exit_timestamp_seconds:failed"
+SCRAPED = "job_name_rank:mindformers_train_scrape_timestamp_seconds:max"
+DEPARTURES_FRESH = "job_name_rank_how:mindformers_train_departure_timestamp_seconds:fresh"
+DEPARTURES_HELD = "job_name_rank_how:mindformers_train_departure_timestamp_seconds:held"
+DEPARTURES = "job_name_rank_how:mindformers_train_departure_timestamp_seconds:valid"
+FIRST = "job_name_rank:mindformers_train_departure_timestamp_seconds:first"
+CULPRIT = "job_name_rank_how:mindformers_train_culprit_timestamp_seconds:first"
+#: How long position facts (step timestamps, status) are read back after a rank's series
+#: vanish: the waiting rank's last position when its time-out comes.
+_POSITION_HOLD = "5m"
+
+
+def _hows(names: tuple[str, ...]) -> str:
+    return f'how=~"{"|".join(names)}"'
+
+
+def _by_rank(expr: str) -> str:
+    return f"max by (job_name, rank) ({expr})"
+
+
+def _held(cfg: RulesConfig, name: str, window: str = _POSITION_HOLD) -> str:
+    return _by_rank(f"last_over_time({cfg.m(name)}[{window}])")
+
+
+def _labelled(expr: str, how: str) -> str:
+    return f'label_replace(\n{indent(expr)},\n  "how", "{how}", "", ""\n)'
+
+
+def outside_record(cfg: RulesConfig) -> str:
+    """The recorded mean seconds a rank spends outside the step per step (input, host work)."""
+    return ("job_name_rank:mindformers_train_step_outside_seconds_per_step:"
+            f"mean{cfg.step_interval_window}")
+
+
+def _lasted(cfg: RulesConfig, since: str, per_step: str) -> str:
+    """Ranks for which `time() - since` exceeds max(departure_seconds, departure_step_factor x
+    the recorded `per_step` seconds)."""
+    elapsed = f"(time() - {since})"
+    return (f"(\n  {elapsed} > {cfg.departure_seconds}\n  unless on (job_name, rank)\n"
+            f"  {elapsed} <= on (job_name, rank) {num(cfg.departure_step_factor)} * "
+            f"{per_step}\n)")
+
+
+def failed_exit(cfg: RulesConfig) -> str:
+    """When each rank whose process ended on its own (node agent) ended."""
+    m = cfg.m
+    return (f"max by (job_name, rank) (\n"
+            f"  {m('mfotel_node_rank_exit_timestamp_seconds')}\n"
+            f"  and on (job_name, rank) {m('mfotel_node_rank_exit_info', FAILED_CAUSES)}\n"
+            f")\nunless on (job_name, rank) {ended_as_asked(cfg)}")
+
+
+def fresh_departures(cfg: RulesConfig) -> str:
+    """The departures the facts show now, one series per rank and `how`."""
+    m = cfg.m
+    end = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
+    begin = _held(cfg, "mindformers_train_step_begin_timestamp_seconds")
+    status = m("mindformers_train_status")
+    inside = f"(\n{indent(begin)}\n  > on (job_name, rank)\n{indent(end)}\n)"
+    # out of the step since its last step ended, while a running rank waits inside a step
+    # that began after that
+    waited_for = (f"(\n{indent(end)}\n  < on (job_name) group_left ()\n"
+                  f"  max by (job_name) {indent(inside, '  ').lstrip()}\n)\n"
+                  f"unless on (job_name, rank) {inside}\n"
+                  f"and on (job_name, rank) ({status} == {STATUS_RUNNING})\n"
+                  f"and on (job_name, rank) {_lasted(cfg, end, outside_record(cfg))}")
+    answer = _by_rank(m("mfotel_node_rank_endpoint_last_answer_timestamp_seconds"))
+    # silent since its last answer (or its last step, if Prometheus saw a later one)
+    silent_since = (f"(\n{indent(end)}\n  > on (job_name, rank)\n  {answer}\n"
+                    f"  or on (job_name, rank)\n  {answer}\n)")
+    up = _by_rank(m("mfotel_node_rank_endpoint_up"))
+    alive = _by_rank(m("mfotel_node_rank_state", ALIVE))
+    unresponsive = (f"{silent_since}\n"
+                    f"and on (job_name, rank) ({up} == 0)\n"
+                    f"and on (job_name, rank) ({alive} == 1)\n"
+                    f"and on (job_name, rank) "
+                    f"{_lasted(cfg, answer, step_interval_record(cfg))}")
+    stopped = _by_rank(m("mfotel_node_rank_stopped_timestamp_seconds"))
+    failed = _by_rank(m("mindformers_train_end_timestamp_seconds", 'reason="failed"'))
+    window = cfg.cascade_window
+    last_status = _by_rank(f"last_over_time({status}[{window}])")
+    completed = _by_rank(f"last_over_time({m('mindformers_train_progress_ratio')}[{window}])")
+    agent_ended = _by_rank(f"last_over_time({m('mfotel_node_rank_state', ENDED)}[{window}])")
+    # last seen running, gone, and no node agent reports it (or its last word was an end)
+    vanished = (f"max by (job_name, rank) (last_over_time({SCRAPED}[{window}]))\n"
+                f"and on (job_name, rank) ({last_status} == {STATUS_RUNNING})\n"
+                f"unless on (job_name, rank) {status}\n"
+                f"unless on (job_name, rank) ({completed} >= 1)\n"
+                f"unless on (job_name, rank) {m('mfotel_node_rank_state')}\n"
+                f"unless on (job_name, rank) ({agent_ended} == 1)")
+    exit_at = _by_rank(m("mfotel_node_rank_exit_timestamp_seconds"))
+    own_end = _by_rank(m("mindformers_train_end_timestamp_seconds", 'reason!="failed"'))
+    ended = (f"{own_end}\nor on (job_name, rank)\n"
+             f"({exit_at} unless on (job_name, rank) {FAILED_EXIT})")
+    parts = [_labelled(waited_for, "waited_for"), _labelled(stopped, "stopped"),
+             _labelled(unresponsive, "unresponsive"), _labelled(failed, "failed"),
+             _labelled(FAILED_EXIT, "exited"), _labelled(vanished, "vanished"),
+             _labelled(ended, "ended")]
+    return "\nor\n".join(parts)
+
+
+def _valid(departures: str, end: str) -> str:
+    """`departures` but those of a rank that completed a step after them (it recovered, or a
+    new run of it began)."""
+    return (f"(\n{indent(departures)}\n  unless\n  (\n{indent(departures, '    ')}\n"
+            f"    < on (job_name, rank) group_left ()\n{indent(end, '    ')}\n  )\n)")
+
+
+def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:
+    """The recording rules of one group, in order (each reads the ones above it)."""
+    m = cfg.m
+    end = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
+    held = _valid(f"last_over_time({DEPARTURES_HELD}[{cfg.cascade_window}])", end)
+    culprit = (f"(\n  {FIRST}\n  == on (job_name) group_left ()\n"
+               f"  min by (job_name) ({FIRST})\n)")
+    # the earliest departure or end of every rank but the culprit(s)
+    others = (f"min by (job_name) (\n  min by (job_name, rank) ({DEPARTURES})\n"
+              f"  unless on (job_name, rank)\n{indent(culprit)}\n)")
+    own_end = (f"(\n  min by (job_name, rank) ({DEPARTURES}{{{_hows(TERMINAL)}}})\n"
+               f"  and on (job_name, rank)\n{indent(culprit)}\n)")
+    # the culprit's own end came first: before any other rank left or ended (or none did)
+    ended_first = (f"(\n{indent(own_end)}\n  <= on (job_name) group_left ()\n{indent(others)}\n"
+                   f"  or\n{indent(own_end)}\n  unless on (job_name)\n{indent(others)}\n)")
+    return [
+        {"record": FAILED_EXIT, "expr": failed_exit(cfg)},
+        {"record": outside_record(cfg),
+         "expr": f"sum by (job_name, rank) (increase("
+                 f"{m('mindformers_train_step_outside_seconds_total')}[{cfg.step_interval_window}]))"
+                 f"\n/\nsum by (job_name, rank) (increase("
+                 f"{m('mindformers_train_steps_total')}[{cfg.step_interval_window}]))"},
+        {"record": SCRAPED,
+         "expr": f"max by (job_name, rank) (timestamp({m('mindformers_train_status')}))"},
+        {"record": DEPARTURES_FRESH, "expr": fresh_departures(cfg)},
+        # held: the facts a departure was read from vanish with the rank; the earliest of an
+        # episode is kept (a rank's cancel at 330 s stays 330 when its exit at 360 s is seen),
+        # and a void one (the rank stepped after it) gives way to a new episode
+        {"record": DEPARTURES_HELD,
+         "expr": f"(\n  {DEPARTURES_FRESH}\n  < on (job_name, rank, how)\n{indent(held)}\n)\n"
+                 f"or\n{held}\nor\n{DEPARTURES_FRESH}"},
+        {"record": DEPARTURES, "expr": _valid(DEPARTURES_HELD, end)},
+        {"record": FIRST, "expr": f'min by (job_name, rank) ({DEPARTURES}{{how!="ended"}})'},
+        {"record": CULPRIT,
+         "expr": f"(\n  {DEPARTURES}{{{_hows(TERMINAL)}}}\n  == on (job_name, rank) group_left ()\n"
+                 f"{indent(ended_first)}\n)\nor\n(\n"
+                 f"  {DEPARTURES}{{{_hows(WAITING)}}}\n  and on (job_name, rank)\n"
+                 f"{indent(culprit)}\n  unless on (job_name, rank)\n{indent(ended_first)}\n)"},
+    ]
+
+
+# ---------------------------------------------------------------- what the page says
+#: How each departure is told in a page (template text).
+_PHRASES = {
+    "waited_for": "stopped stepping between steps",
+    "stopped": "was stopped",
+    "unresponsive": "stopped answering",
+    "failed": "failed",
+    "exited": "exited",
+    "vanished": "vanished",
+    "ended": "ended (cancelled, completed or stopped)",
+}
+#: How the culprit left while it lived, in its own page.
+_CULPRIT_PHRASES = {
+    "waited_for": "it stopped stepping between steps (its data loader, host code or I/O) while "
+                  "the others waited inside the next step",
+    "stopped": "its process is stopped (SIGSTOP, a debugger, a frozen host)",
+    "unresponsive": "its /metrics stopped answering (a held GIL, a frozen process)",
+}
+
+
+def _phrase(table: dict[str, str], how: str = ".Labels.how") -> str:
+    """Template text choosing `table[how]`."""
+    branches = [f'{{{{ {"if" if i == 0 else "else if"} eq {how} "{key}" }}}}{text}'
+                for i, (key, text) in enumerate(table.items())]
+    return "".join(branches) + "{{ end }}"
+
+
+def _position_of(cfg: RulesConfig, rank: str) -> str:
+    """Template text: ", inside step N" or ", after step N" of the rank `rank` (a template
+    expression) as it was last seen."""
+    w = cfg.cascade_window
+
+    def last(name: str) -> str:
+        return f"max(last_over_time({name}{{job_name='%s',rank='%s'}}[{w}]))"
+    args = f"$labels.job_name {rank}"
+    inside = (f"{last('mindformers_train_step')} + 1 and on () "
+              f"({last('mindformers_train_step_begin_timestamp_seconds')} > "
+              f"{last('mindformers_train_last_step_timestamp_seconds')})")
+    return (f'{{{{ with printf "{inside}" {args} {args} {args} | query }}}}'
+            ", inside step {{ . | first | value }}{{ else }}"
+            f'{{{{ with printf "{last("mindformers_train_step")}" {args} | query }}}}'
+            ", after step {{ . | first | value }}{{ end }}{{ end }}")
+
+
+def _culprit_text(cfg: RulesConfig) -> str:
+    """Template text: the culprit's step, what followed it, its stacks (every culprit page)."""
+    others = (f"({DEPARTURES}{{job_name='%s',rank!='%s'}} == on (rank) group_left () "
+              f"min by (rank) ({DEPARTURES}{{job_name='%s',rank!='%s'}})) - on () group_left () "
+              f"{FIRST}{{job_name='%s',rank='%s'}}")
+    labels = "$labels.job_name $labels.rank " * 3
+    after = (f'{{{{ with printf "{others}" {labels.strip()} | query | sortByLabel "rank" }}}}'
+             " After it:"
+             "{{ range $i, $e := . }}{{ if $i }};{{ end }} rank {{ .Labels.rank }} "
+             + _phrase(_PHRASES)
+             + "{{ if ge .Value 0.0 }} {{ .Value | humanizeDuration }} later"
+             "{{ else }} before it{{ end }}" + _position_of(cfg, ".Labels.rank")
+             + "{{ end }}.{{ end }}")
+    return after + _stacks_text(cfg, " Its threads' stacks, captured by its node agent: ", ".")
+
+
+def stacks_url(cfg: RulesConfig) -> str:
+    """Template text: the URL of the rank's last stack capture on its node endpoint, or ""."""
+    return _stacks_text(cfg, "", "")
+
+
+def _stacks_text(cfg: RulesConfig, before: str, after: str) -> str:
+    query = (f"last_over_time(mfotel_node_rank_stack_timestamp_seconds{{job_name='%s',"
+             f"rank='%s'}}[{cfg.cascade_window}])")
+    return (f'{{{{ with printf "{query}" $labels.job_name $labels.rank | query }}}}'
+            f"{{{{ with . | first }}}}{before}{{{{ .Labels.scheme }}}}://{{{{ .Labels.instance }}}}"
+            "/stacks?job_name={{ $labels.job_name | urlquery }}&rank={{ $labels.rank }}"
+            f"{after}{{{{ end }}}}{{{{ end }}}}")
+
+
+def _annotated(rule: dict[str, Any], cfg: RulesConfig) -> dict[str, Any]:
+    rule["annotations"]["stacks_url"] = stacks_url(cfg)
+    return rule
+
+
+# ---------------------------------------------------------------- the culprit's page
+def stalled_ranks(cfg: RulesConfig) -> str:
+    """Running ranks with no step for max(stall_seconds, stall_step_factor x their mean step
+    interval) + stall_for (the `for` inside the expression: a consequence pages at once, and
+    both pages are one alert). Held over 5m: a missed scrape resets nothing."""
+    m = cfg.m
+    ts = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
+    running = _held(cfg, "mindformers_train_status")
+    steps = m("mindformers_train_steps_total")
+    extra = duration_seconds(cfg.stall_for)
+    since = f"(time() - {ts})"
+    return (f"(\n  {since} > {num(cfg.stall_seconds + extra)}\n"
+            f"  unless on (job_name, rank)\n"
+            f"  {since} <= on (job_name, rank) {num(cfg.stall_step_factor)} * "
+            f"{step_interval_record(cfg)} + {num(extra)}\n)\n"
+            f"and on (job_name, rank) ({running} == {STATUS_RUNNING})\n"
+            f"and on (job_name, rank) "
+            f"(max by (job_name, rank) (changes({steps}[{cfg.stall_seconds}s])) == 0)")
+
+
+def _held_position(cfg: RulesConfig) -> tuple[str, str]:
+    """(behind, stalled job) for the stall page when no rank has left yet: the old reading of
+    positions (a rank behind the others in steps), used when no culprit is known."""
+    m = cfg.m
+    running = f"({_held(cfg, 'mindformers_train_status')} == {STATUS_RUNNING})"
+    step = _by_rank(m("mindformers_train_step"))
+    begin = _by_rank(m("mindformers_train_step_begin_timestamp_seconds"))
+    end = _by_rank(m("mindformers_train_last_step_timestamp_seconds"))
+    position = (f"{step}\n+ on (job_name, rank)\n"
+                f"(\n  0.5 * ({begin} > bool on (job_name, rank) {end})\n"
+                f"  or on (job_name, rank)\n  0 * {step}\n)\n"
+                f"and on (job_name, rank) {running}")
+    behind = (f"(\n{indent(position)}\n)\n< on (job_name) group_left ()\n"
+              f"max by (job_name) (\n{indent(position)}\n)")
+    return behind, running
+
+
+def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
+    """The culprit's page, one alert for each way it left (see the module docstring)."""
+    m = cfg.m
+    status = m("mindformers_train_status")
+    lookback = cfg.rank_down_lookback
+    culprit = f"max by (job_name, rank) ({CULPRIT}{{how=\"%s\"}})"
+    stalled = stalled_ranks(cfg)
+    # a rank of the job left for good: the waiting ranks' time-out, the launcher's kill
+    consequence = f"max by (job_name) ({DEPARTURES}{{{_hows(TERMINAL)}}})"
+    waiting = f"min by (job_name, rank) ({CULPRIT}{{{_hows(WAITING)}}})"
+    behind, _ = _held_position(cfg)
+    context = _culprit_text(cfg)
+    exit_info = m("mfotel_node_rank_exit_info", FAILED_CAUSES)
+    how = ('{{ if eq $labels.cause "signal" }}killed by signal {{ $labels.signal }} '
+           '({{ $labels.signal_name }})'
+           '{{ else if eq $labels.cause "oom" }}killed by the kernel\'s OOM killer (signal '
+           '{{ $labels.signal }}, {{ $labels.signal_name }}: its memory cgroup counted an '
+           'oom_kill as it died)'
+           '{{ else if eq $labels.cause "exit_code" }}exit code {{ $labels.exit_code }}'
+           '{{ else }}how is unknown (its parent reaped it before the node agent read its '
+           'status){{ end }}')
+    step = _position_of(cfg, "$labels.rank")
+    left = ("{{ range printf \"" + DEPARTURES + "{job_name='%s',rank='%s',"
+            + _hows(WAITING).replace('"', "'") + "}\" $labels.job_name $labels.rank | query "
+            "| sortByLabel \"how\" }}"
+            "; " + _phrase(_CULPRIT_PHRASES) + "{{ end }}")
+    return [
+        _annotated(alert(
+            cfg, "MindFormersTrainingStalled",
+            # the rank the job waits for, once a rank left for good or at the stall threshold
+            f"(time() - {waiting})\nand on (job_name)\n(\n"
+            f"  max by (job_name) (\n{indent(stalled, '    ')}\n  )\n  or\n  {consequence}\n)\n"
+            # no rank left: the rank(s) behind the others in steps, else the job
+            f"or on (job_name)\n(\n  max by (job_name, rank) (\n{indent(stalled, '    ')}\n"
+            f"    and on (job_name, rank)\n{indent(behind, '    ')}\n  )\n"
+            f"  unless on (job_name) {FIRST}\n)\n"
+            f"or on (job_name)\n(\n  max by (job_name) (\n{indent(stalled, '    ')}\n  )\n"
+            f"  unless on (job_name) {FIRST}\n)",
+            "0m", "critical", "Training made no step progress.",
+            "{{ if $labels.rank }}"
+            f"{WHO} is the rank the job waits for: it left the healthy state first, "
+            "{{ $value | humanizeDuration }} ago" + step + left + "."
+            + context +
+            "{{ else }}"
+            f"Every running rank of {JOB} completed no step for "
+            "{{ $value | humanizeDuration }}, all stopped at the same place, no rank behind the "
+            "others or gone: a hang inside the step (a collective, the device) or the same "
+            "hang on every rank."
+            "{{ end }}"
+            f" (stall threshold: the larger of {cfg.stall_seconds}s and "
+            f"{num(cfg.stall_step_factor)} x the rank's mean step interval, for "
+            f"{cfg.stall_for}; a rank that left for good pages at once)"), cfg),
+        _annotated(alert(
+            cfg, "MindFormersRankFailed", culprit % "failed",
+            "0m", "critical", "A training rank failed first and takes the job down.",
+            f"{WHO} failed: an exception ended its training" + step + ", before any other "
+            "rank of the job left. The others wait for it inside the next step until their "
+            "collective times out, or its launcher ends them: they are its consequences, not "
+            "more causes. Its traceback is in its log." + context), cfg),
+        # where a node agent follows the rank (mfotel-instrument): how its process ended
+        _annotated(alert(
+            cfg, "MindFormersRankExited",
+            f"max by (job_name, rank, cause, exit_code, signal, signal_name) ({exit_info})\n"
+            f"and on (job_name, rank) {culprit % 'exited'}",
+            "0m", "critical", "A training rank's process ended while the job should run.",
+            f"{WHO} exited: {how}" + step + ". Its node agent saw it end before any other "
+            "rank of the job left." + context), cfg),
+        # without an agent: only a rank last seen running pages (completed 2, failed 3,
+        # cancelled 4 and compiling 0 do not); an agent's report mutes it, and after it
+        # lingered out if its last word was that the rank ended
+        _annotated(alert(
+            cfg, "MindFormersRankDown",
+            f"(last_over_time({status}[{lookback}]) == {STATUS_RUNNING})\n"
+            f"unless on (job_name, rank) {status}\n"
+            f"and on (job_name, rank) {culprit % 'vanished'}",
+            cfg.rank_down_for, "critical", "A training rank disappeared while running.",
+            f"{WHO} (target {{{{ $labels.instance }}}}) was last seen running" + step
+            + ", and has not been scraped since, before any other rank of the job left: the "
+            "process died, hangs in a way that blocks /metrics, or its node is unreachable."
+            + context), cfg),
+    ]
