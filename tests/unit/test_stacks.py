@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import bcrypt
 import pytest
 
 from mfotel.config.settings import PrometheusConfig
@@ -26,8 +27,15 @@ from mfotel.integrations.node_agent import AgentSettings, NodeAgent
 from mfotel.integrations.node_endpoint import NodeEndpoint
 from mfotel.integrations.node_metrics import NodeCollector
 from mfotel.localstack.servers import free_port
-from mfotel.node_link import STACK_SIGNAL, Announcement, announcement_path, read_node_endpoint
-from tests.support.http import get, request
+from mfotel.node_link import (
+    STACK_SIGNAL,
+    Announcement,
+    announcement_path,
+    read_node_endpoint,
+    write_node_endpoint,
+)
+from mfotel.ui import stacks_link
+from tests.support.http import basic_auth, get, request
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, child_env
 from tests.support.waiting import settle, startup, wait_for
@@ -334,8 +342,6 @@ def endpoint_refresh() -> float:
 
 # ---------------------------------------------------------------- the rank's live page
 def test_the_live_page_links_the_stacks_once_the_node_endpoint_says_where(tmp_path):
-    from mfotel.node_link import write_node_endpoint
-    from mfotel.ui import stacks_link
     assert stacks_link("jt", 1, None)() is None   # no launcher: no link
     link = stacks_link("j t", 1, tmp_path)
     assert link() is None                         # its endpoint not open yet
@@ -343,3 +349,24 @@ def test_the_live_page_links_the_stacks_once_the_node_endpoint_says_where(tmp_pa
     fresh = stacks_link("j t", 1, tmp_path)
     assert fresh() == {"port": 9463, "scheme": "https", "path": "/stacks",
                        "query": "job_name=j+t&rank=1"}
+
+
+def test_the_stacks_are_behind_the_node_endpoints_web_config(tmp_path):
+    hashed = bcrypt.hashpw(b"node-pw", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  viewer: '{hashed}'\n")
+    watcher = stacks.StackWatcher(lambda: [])
+    endpoint = NodeEndpoint(NodeCollector(lambda: []), PrometheusConfig(
+        host="127.0.0.1", web_config_file=str(web)), free_port())
+    try:
+        assert endpoint.start()
+        watcher.opened(endpoint)
+        base = f"http://127.0.0.1:{endpoint.port}"
+        for path in ("/stacks", "/stacks?job_name=jt&rank=1", "/metrics"):
+            assert get(base + path).status == 401, path
+        assert get(base + "/stacks", auth=basic_auth("viewer", "wrong")).status == 401
+        reply = get(base + "/stacks", auth=basic_auth("viewer", "node-pw"))
+        assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
+        assert reply.headers["X-Content-Type-Options"] == "nosniff"
+    finally:
+        endpoint.close()
