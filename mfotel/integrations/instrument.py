@@ -17,8 +17,11 @@ so each rank reports "cancelled" instead of paging as dead; it exits as the comm
 As the job's node agent (`mfotel.integrations.node_service`) it serves one node endpoint
 (`prometheus.node_port`, default 9463) with what no rank can say about itself: each rank's
 process state, how it ended (exit code, signal, OOM kill), whether its /metrics still
-answers, its CPU and memory. `--exec` replaces this process by the command instead, as
-earlier versions did: signals are then the command's business, and there is no node agent.
+answers, its CPU and memory. The ranks tell it who they are: the command's environment names a
+directory private to the job (`MFOTEL_NODE_DIR`, mode 0700, removed when mfotel-instrument
+exits) where each rank under mfotel announces itself at train begin. `--exec` replaces this
+process by the command instead, as earlier versions did: signals are then the command's
+business, and there is no node agent.
 
 The directory is written once per user (MFOTEL_INSTRUMENT_DIR overrides where).
 """
@@ -276,7 +279,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if options.exec_:
             os.execvpe(command[0], command, env)
-        supervise.run(command, env, options.stop_timeout, node_service(options))
+        service = node_service(options)
+        if service is not None:  # the ranks announce themselves to its agent
+            env = service.rendezvous(env)
+        try:
+            supervise.run(command, env, options.stop_timeout, service)
+        finally:  # reached when the command could not start: run() ends this process
+            if service is not None:
+                service.close()
     except FileNotFoundError:
         sys.stderr.write(f"mfotel-instrument: command not found: {command[0]}\n")
         raise SystemExit(127) from None

@@ -12,16 +12,28 @@ and /proc it tells, per rank:
 - the CPU seconds and resident memory of its process;
 - the Python stacks of a rank that stopped stepping or answering (stacks.py, its own thread).
 
-Which process is which rank. A rank is the topmost Python process of the job whose
-environment (/proc/PID/environ, as exec gave it) carries a rank: `RANK_ID`, `RANK`, ... (the
-names `mfotel.identity` reads), `MS_NODE_ID`, or msrun's `MS_ROLE=MS_WORKER`. msrun's
-scheduler (`MS_ROLE=MS_SCHED`) runs the training script too, up to `init()`, and is no rank;
-msrun's `tail -f` helpers carry a worker's environment but are no Python process; dataset
-workers forked by a rank are below it. A job without rank variables (one `python train.py`)
+Which process is which rank. A rank under mfotel tells: at train begin it writes
+`rank-<pid>.json` into the job's node directory (`settings.node_dir`, `MFOTEL_NODE_DIR` of
+the command; mfotel.node_link). The announcement of a process of this job (a descendant of
+`root` that was running when the file was written: not a pid reused since) is authoritative:
+its job name, rank, local rank and endpoint (address, port, scheme), whatever was guessed of
+that process; a process guessed as the same rank is none (a wrapper's sidecar with the
+rank's environment). Once a rank that told ended, it stays reported as it ended until a new
+process tells it is that rank (a new run): whatever runs after it (a wrapper's next step) is
+no rank.
+
+Processes that do not tell (no mfotel, or before their train begin) are guessed. A rank is
+the topmost Python process of the job whose environment (/proc/PID/environ, as exec gave it)
+carries a rank: `RANK_ID`, `RANK`, ... (the names `mfotel.identity` reads), `MS_NODE_ID`, or
+msrun's `MS_ROLE=MS_WORKER`. msrun's scheduler (`MS_ROLE=MS_SCHED`) runs the training script
+too, up to `init()`, and is no rank; msrun's `tail -f` helpers carry a worker's environment
+but are no Python process; dataset workers forked by a rank are below it. A verdict holds for
+a process (pid, start time) until it executes another program (`exec` keeps pid and start
+time: a shell that becomes the rank). A job without rank variables (one `python train.py`)
 has its rank found by the endpoint it opens: a port in `rank_port ..` that the process
-itself listens on. Once a rank's endpoint answers a GET, its `mindformers_train_rank_info`
-names the job and the rank as the rank itself does (authoritative; endpoints behind basic
-auth or mutual TLS keep the names from the environment and the settings).
+itself listens on. Once a guessed rank's endpoint answers a GET, its
+`mindformers_train_rank_info` names the job and the rank as the rank itself does (endpoints
+behind basic auth or mutual TLS keep the names from the environment and the settings).
 
 How it ended. msrun, not mfotel-instrument, is the parent of its workers and reaps them
 (every second). The agent holds a pidfd of each rank and reads the exit status from the
@@ -50,7 +62,8 @@ from pathlib import Path
 
 from ..config import DEFAULT_JOB_NAME
 from ..identity import RANK_VARS, identity_from_env
-from ..node_link import Announcement
+from ..node_link import ANNOUNCEMENT_LIMIT, Announcement
+from ..regular_file import NotRegularFile, read_regular_file
 from . import liveness, procfs
 from .procfs import ProcStat
 from .stacks import StackWatcher
@@ -67,6 +80,12 @@ DEFAULT_PROBE_INTERVAL = 5.0
 DEFAULT_PROBE_TIMEOUT = 2.0
 _RANK_INFO = re.compile(rb"^mindformers_train_rank_info\{(.*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_ANNOUNCEMENT = re.compile(r"rank-(\d+)\.json")
+#: A process started after its announcement was written is another one (its pid reused);
+#: seconds allowed for the clocks compared (file time, boot time + start ticks).
+_CLOCK_SLACK = 1.0
+#: Parents walked up from an announcing process to the agent's root, at most.
+_MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,7 @@ class AgentSettings:
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     scan_interval: float = 1.0       # new processes, and exits where pidfds are missing
+    node_dir: Path | None = None     # where the ranks announce themselves (mfotel.node_link)
 
 
 @dataclass(frozen=True)
@@ -198,6 +218,18 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
+def _key(stat: ProcStat) -> tuple[int, int, str]:
+    """A process's identity for a verdict: pid, start time, and the program it runs (exec
+    keeps pid and start time)."""
+    return stat.pid, stat.start_ticks, stat.name
+
+
+def _started_at(start_ticks: int) -> float:
+    """Unix time of a start time in clock ticks since boot (0 when the uptime is unknown)."""
+    uptime = procfs.uptime_ticks()
+    return time.time() - (uptime - start_ticks) / procfs.CLOCK_TICKS if uptime else 0.0
+
+
 class NodeAgent:
     """Follows the ranks among the descendants of `root` (see the module docstring)."""
 
@@ -208,7 +240,9 @@ class NodeAgent:
         self.node = socket.gethostname()
         self._lock = threading.Lock()
         self._ranks: dict[int, _Rank] = {}              # by pid
-        self._verdicts: dict[tuple[int, int], bool] = {}  # (pid, start) -> is a rank
+        # (pid, start, command name) -> is a rank; exec changes the name
+        self._verdicts: dict[tuple[int, int, str], bool] = {}
+        self._told: dict[str, int] = {}                  # announcement file -> mtime read
         self._reaped: dict[int, int] = {}               # pid -> wait status (the supervisor's)
         self._pidfds: dict[int, int] = {}               # fd -> pid
         self._poller = select.poll()
@@ -286,6 +320,7 @@ class NodeAgent:
 
     def scan(self) -> None:
         """Find new ranks among the job's processes; settle the exits seen meanwhile."""
+        self._read_announcements()
         known = {rank.pid for rank in self._ranks.values()}
         # below a rank are its helpers (dataset workers, compilers): never ranks, not walked
         job = procfs.descendants(self.root, prune=frozenset(known))
@@ -294,21 +329,22 @@ class NodeAgent:
         if port_check:
             self._next_port_check = time.monotonic() + self.settings.probe_interval
         for stat in job:
-            key = (stat.pid, stat.start_ticks)
+            key = _key(stat)
             if stat.ended or stat.pid in known or self._verdicts.get(key) is False:
                 continue
             rank = self._classify(stat, table, port_check)
             if rank is not None:
                 self._add(rank)
         for rank in list(self._ranks.values()):
-            if rank.exit is None:
-                self._follow(rank, table.get(rank.pid), port_check)
+            if rank.exit is None:  # a rank that told may be below another one: not walked
+                self._follow(rank, table.get(rank.pid) or procfs.read_stat(rank.pid),
+                             port_check)
         # forget the verdicts of processes gone (a long job runs many short ones)
         self._verdicts = {key: v for key, v in self._verdicts.items() if key[0] in table}
 
     def _classify(self, stat: ProcStat, table: dict[int, ProcStat],
                   port_check: bool) -> _Rank | None:
-        key = (stat.pid, stat.start_ticks)
+        key = _key(stat)
         env = procfs.read_environ(stat.pid)
         if env is None:
             return None  # not readable now (exec under way): again at the next scan
@@ -330,6 +366,9 @@ class NodeAgent:
                 return None
         identity = identity_from_env(env)
         rank, local = named if named is not None else (identity.rank, local_port or 0)
+        if self._told_rank(rank):
+            self._verdicts[key] = False  # that rank told who it is: this is another process
+            return None
         self._verdicts[key] = True
         job_name = env.get("OTEL_SERVICE_NAME", "").strip() or self.settings.job_name
         files = procfs.memory_cgroup_files(stat.pid)
@@ -366,6 +405,108 @@ class NodeAgent:
         ports = [port for _, port in procfs.listening_ports(pid)
                  if base <= port < base + PORT_WINDOW]
         return ports[0] - base if ports else None
+
+    # ------------------------------------------------------------------ what ranks told
+    def _read_announcements(self) -> None:
+        """Take in the announcements written (or rewritten) since the last scan."""
+        directory = self.settings.node_dir
+        if directory is None:
+            return
+        try:
+            with os.scandir(directory) as entries:
+                found = [entry for entry in entries if _ANNOUNCEMENT.fullmatch(entry.name)]
+        except OSError:
+            return
+        for entry in found:
+            try:
+                written = entry.stat(follow_symlinks=False).st_mtime_ns
+            except OSError:
+                continue
+            if self._told.get(entry.name) == written:
+                continue
+            self._told[entry.name] = written  # read once: a bad file is not read again
+            try:
+                told = Announcement.from_json(read_regular_file(entry.path, ANNOUNCEMENT_LIMIT))
+            except (OSError, NotRegularFile, ValueError, TypeError):
+                continue
+            if entry.name == f"rank-{told.pid}.json":
+                self._believe(told, written / 1e9)
+
+    def _believe(self, told: Announcement, written: float) -> None:
+        """Follow the process that told, as it told, once it is shown to be a process of this
+        job that ran when the file was written; a guess of the same rank is dropped."""
+        rank = self._ranks.get(told.pid)
+        stat = procfs.read_stat(told.pid)
+        if rank is not None and (stat is None or stat.start_ticks == rank.start_ticks):
+            start_ticks = rank.start_ticks  # followed already: guessed, or it told before
+        elif stat is not None and self._descends(stat.pid):
+            rank, start_ticks = None, stat.start_ticks
+        else:
+            return  # gone before the agent saw it, or not of this job
+        if _started_at(start_ticks) > written + _CLOCK_SLACK:
+            return  # written by an earlier process of that pid
+        new = rank is None
+        if rank is None:
+            assert stat is not None
+            files = procfs.memory_cgroup_files(stat.pid)
+            rank = _Rank(stat.pid, stat.start_ticks, told.rank, told.local_rank, told.job_name,
+                         stat, files, procfs.oom_kill_counts(files),
+                         env_rank=rank_of(procfs.read_environ(stat.pid) or {}))
+        with self._lock:
+            if rank.endpoint is not None and rank.endpoint[1] != told.port:
+                rank.endpoint, rank.answering = None, None  # found by a guess elsewhere
+            rank.job_name, rank.rank, rank.local_rank = told.job_name, told.rank, told.local_rank
+            rank.announcement, rank.identity_read = told, True
+        for other in list(self._ranks.values()):
+            if other.pid != told.pid and other.rank == told.rank and (
+                    other.announcement is None or  # a guess: one launcher, one job
+                    (other.job_name == told.job_name and other.exit is not None)):  # a run before
+                self._drop(other, told)
+        if new:
+            self._add(rank)
+        else:
+            log.info("mfotel-instrument: pid %d told it is rank %d of job %s", rank.pid,
+                     rank.rank, rank.job_name)
+
+    def _descends(self, pid: int) -> bool:
+        """Whether process `pid` is below the agent's root (a process of this job)."""
+        for _ in range(3):  # again when a parent ended mid-walk (its children moved up)
+            up = pid
+            for _ in range(_MAX_DEPTH):
+                stat = procfs.read_stat(up)
+                if stat is None:
+                    break
+                if stat.ppid == self.root:
+                    return True
+                if stat.ppid <= 0:
+                    return False  # the top: init's parent is 0
+                up = stat.ppid
+            else:
+                return False
+            if up == pid:
+                return False  # the process itself is gone
+        return False
+
+    def _told_rank(self, rank: int) -> bool:
+        """Whether a process told it is rank `rank` (live, or ended: its end stays)."""
+        return any(r.announcement is not None and r.rank == rank for r in self._ranks.values())
+
+    def _drop(self, rank: _Rank, told: Announcement) -> None:
+        """No longer follow `rank`, a guess that a told rank contradicts (or that rank's run
+        before), nor guess it again."""
+        with self._lock:
+            self._ranks.pop(rank.pid, None)
+        self._verdicts[_key(rank.stat)] = False
+        for fd in [fd for fd, pid in self._pidfds.items() if pid == rank.pid]:
+            del self._pidfds[fd]
+            try:
+                self._poller.unregister(fd)
+            except KeyError:
+                pass  # it fired already
+            os.close(fd)
+        if rank.exit is None:
+            log.info("mfotel-instrument: pid %d is no rank: pid %d told it is rank %d of job %s",
+                     rank.pid, told.pid, told.rank, told.job_name)
 
     def _add(self, rank: _Rank) -> None:
         fd = _pidfd(rank.pid)
@@ -462,6 +603,9 @@ class NodeAgent:
     def _locate(self, rank: _Rank) -> tuple[str, int] | None:
         """The rank's listening endpoint: base port + local rank, else one in the window.
         Once found it is kept until a probe is refused (the rank closed it)."""
+        told = rank.announcement
+        if told is not None:  # where it said it serves (port 0: nowhere)
+            return (told.address, told.port) if told.port else None
         if rank.endpoint is not None:
             return rank.endpoint
         mine = procfs.listening_ports(rank.pid)
@@ -479,13 +623,13 @@ class NodeAgent:
                     rank.endpoint, rank.answering = None, None
             return
         address, port = endpoint
-        target = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address, address)
+        target = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(address, address)
+        scheme = rank.announcement.scheme if rank.announcement else self.settings.rank_scheme
         if rank.identity_read:  # the server's own answer: no collection, never a failure
-            result = liveness.probe(target, port, self.settings.rank_scheme,
-                                    self.settings.probe_timeout)
+            result = liveness.probe(target, port, scheme, self.settings.probe_timeout)
         else:  # once: the rank's own rank_info names it (a scrape of /metrics)
-            result = liveness.probe(target, port, self.settings.rank_scheme,
-                                    self.settings.probe_timeout, body=True)
+            result = liveness.probe(target, port, scheme, self.settings.probe_timeout,
+                                    body=True)
         with self._lock:
             if rank.exit is not None:
                 return

@@ -7,6 +7,11 @@ command that starts no rank opens nothing), and when the job ended keeps serving
 final facts for `linger` seconds if a Prometheus scraped it meanwhile: so every server of an
 HA pair scrapes how each rank ended, instead of one of them seeing a running rank vanish.
 
+The ranks tell the agent who they are: `rendezvous` makes the job's node directory (private
+to its user, mode 0700, removed by `close`) and names it in `MFOTEL_NODE_DIR` of the command's
+environment; each rank under mfotel announces itself there at train begin
+(mfotel.node_link), and the agent guesses only the ranks that do not.
+
 Settings come from the ranks' own monitor config (the same YAML: bind address, web-config,
 limits, rank port, job name, file_sd), so the node endpoint is exactly as reachable and as
 protected as the ranks':
@@ -16,8 +21,10 @@ protected as the ranks':
 """
 from __future__ import annotations
 
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +40,7 @@ from ..config.source import (
     is_mindformers_document,
     safe_job_name,
 )
+from ..node_link import ENV_DIR
 from .node_agent import DEFAULT_PROBE_INTERVAL, AgentSettings, NodeAgent
 from .node_endpoint import NodeEndpoint, scheme
 from .node_metrics import NodeCollector
@@ -111,15 +119,31 @@ class NodeService:
             rank_port=cfg.prometheus.port, rank_scheme=scheme(cfg.prometheus, cfg.source),
             job_name=cfg.job_name or "mindformers", probe_interval=probe_interval)
         self.agent: NodeAgent | None = None
+        self.node_dir: Path | None = None  # where the ranks announce themselves
         self.endpoint: NodeEndpoint | None = None
         self.target_file: Path | None = None
         self._opened = threading.Lock()
         self._tried = False
 
+    def rendezvous(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` (the command's) naming the node directory the ranks announce themselves in,
+        made now (mode 0700: the job's user's alone; removed by close()). Unchanged when it
+        cannot be made: the agent then guesses every rank."""
+        try:
+            self.node_dir = Path(tempfile.mkdtemp(prefix="mfotel-node-"))
+        except OSError as exc:
+            _note(f"cannot create the node directory ({exc.strerror or exc}); the node agent "
+                  "guesses which process is which rank. Fix: set TMPDIR to a writable directory")
+            return env
+        self.settings = replace(self.settings, node_dir=self.node_dir)
+        return {**env, ENV_DIR: str(self.node_dir)}
+
     # ------------------------------------------------------------------ the supervisor's calls
     def started(self, supervisor_pid: int) -> None:
         """The command runs; signals are blocked (the agent's threads inherit the mask)."""
-        self.agent = NodeAgent(supervisor_pid, self.settings, on_rank=self.open).start()
+        agent = NodeAgent(supervisor_pid, self.settings, on_rank=self.open)
+        self.agent = agent  # before its first scan: a rank found there opens the endpoint
+        agent.start()
 
     def reaped(self, pid: int, status: int) -> None:
         if self.agent is not None:
@@ -146,6 +170,8 @@ class NodeService:
             self.endpoint.close()
         if self.target_file is not None:
             self.target_file.unlink(missing_ok=True)
+        if self.node_dir is not None:
+            shutil.rmtree(self.node_dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ the endpoint
     def open(self) -> None:

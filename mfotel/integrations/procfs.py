@@ -46,6 +46,7 @@ class ProcStat:
     start_ticks: int        # start time after boot, in clock ticks: a pid's identity with pid
     rss_bytes: int
     exit_status: int | None  # a zombie's wait status (waitpid(2) form); None while it runs
+    name: str = ""          # the command name (comm): exec changes it, pid and start stay
 
     @property
     def ended(self) -> bool:
@@ -55,7 +56,8 @@ class ProcStat:
 
 def parse_stat(pid: int, text: str) -> ProcStat | None:
     """A /proc/PID/stat line; None if it is cut short."""
-    fields = text.rsplit(")", 1)[-1].split()  # the name in parentheses may hold anything
+    head, _, tail = text.rpartition(")")  # the name in parentheses may hold anything
+    fields = tail.split()
     if len(fields) <= _RSS:
         return None
     state = fields[0]
@@ -63,7 +65,8 @@ def parse_stat(pid: int, text: str) -> ProcStat | None:
         else None
     return ProcStat(pid, int(fields[_PPID]), int(fields[_PGRP]), state,
                     (int(fields[_UTIME]) + int(fields[_STIME])) / CLOCK_TICKS,
-                    int(fields[_START]), int(fields[_RSS]) * PAGE_BYTES, exit_status)
+                    int(fields[_START]), int(fields[_RSS]) * PAGE_BYTES, exit_status,
+                    head.partition("(")[2])
 
 
 def pidfd_exit_status(fd: int) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from mfotel.integrations import liveness, node_metrics, procfs
-from mfotel.integrations.node_agent import Exit, RankView, rank_info, rank_of
+from mfotel.integrations.node_agent import PORT_WINDOW, Exit, RankView, rank_info, rank_of
 from mfotel.integrations.node_service import config_argument, node_port, training_config
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, child_env, free_port_block, stop
@@ -604,3 +605,241 @@ def test_a_failing_agent_is_dropped_and_the_job_runs_on(tmp_path):
                             timeout=60, env=child_env())
     assert result.returncode == 7, result.stderr
     assert result.stderr.count("the node agent failed (RuntimeError: no pidfd today)") == 1
+
+
+# ---------------------------------------------------------------- the rendezvous: a rank tells
+RANK_SCRIPT = ROOT / "tests" / "support" / "scripts" / "node_agent_rank.py"
+TOLD = "told-job"  # the job name the ranks tell the agent
+
+
+def port_outside(window: int) -> int:
+    """A free port outside the ranks' port window `window ..` (a rank configured in code)."""
+    while True:
+        port = free_port_block(1)
+        if not window - 1 <= port < window + PORT_WINDOW:
+            return port
+
+
+class Wrapped(AgentJob):
+    """`mfotel-instrument --config train.yaml bash -c LINE`: a wrapper script of
+    node_agent_rank.py processes (`{rank}` in LINE is its command line)."""
+
+    def __init__(self, tmp: Path, line: str, env: dict[str, str] | None = None,
+                 linger: float = 30.0, config_job_name: str = "from-config") -> None:
+        base = free_port_block(2)
+        self.node_port, self.rank_port = base, base + 1  # node_port: the YAML's port - 1
+        self.control = tmp / "control"
+        self.control.mkdir()
+        config = tmp / "train.yaml"
+        config.write_text(f"monitor_config:\n  job_name: {config_job_name}\n  prometheus:\n"
+                          f"    host: 127.0.0.1\n    port: {self.rank_port}\n")
+        rank = " ".join(shlex.quote(str(a)) for a in (sys.executable, RANK_SCRIPT, "--control",
+                                                        self.control))
+        self.log = tmp / "agent.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [*INSTRUMENT, "--config", str(config), "--node-probe-interval",
+                 str(PROBE_INTERVAL), "--node-linger", str(linger), "bash", "-c",
+                 line.format(rank=rank, rank_port=self.rank_port)],
+                env=child_env(**(env or {})), stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def pid(self, name: str) -> int:
+        return int(wait_for(lambda: self._pid(name), settle(60), 0.1, f"{name} started",
+                            alive=(self.process,), details=self.output))
+
+    def ranks(self) -> set[tuple[str, str, str]]:
+        """(job_name, rank, pid) of every rank the node endpoint lists."""
+        return {(lab["job_name"], lab["rank"], lab["pid"]) for lab in
+                (dict(k[1]) for k in self.node() if k[0] == "mfotel_node_rank_info")}
+
+
+@pytest.fixture
+def wrapped_job(tmp_path) -> Iterator[Any]:
+    jobs: list[Wrapped] = []
+
+    def start(line: str, **kwargs: Any) -> Wrapped:
+        jobs.append(Wrapped(tmp_path, line, **kwargs))
+        return jobs[-1]
+    yield start
+    for job in jobs:
+        (job.control / "done").write_text("")
+        leftovers = set(tree(job.process.pid)) | {
+            int(text) for f in job.control.glob("pid-*") if (text := f.read_text()).isdigit()}
+        stop(job.process, timeout=2)  # the agent's linger is not waited out
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.parametrize("env", [{"RANK_ID": "0", "RANK_SIZE": "1"}, {}],
+                         ids=["rank-variables", "none"])
+def test_a_rank_configured_in_code_is_named_and_probed_as_it_tells(wrapped_job, env):
+    """Its port is outside the YAML's window, its job name not the YAML's: with rank variables
+    it was reported under the YAML's job name and never probed; without, never found. Its
+    announcement names it and its endpoint. The rendezvous directory is the job's alone
+    (0700) and goes with the launcher."""
+    port = port_outside(free_port_block(1))
+    job = wrapped_job(f"exec {{rank}} --name rank --port {port} --job-name {TOLD} --rank 0 "
+                      "--announce", env=env, linger=0.0)
+    pid = job.pid("rank")
+    until(lambda: job.value("mfotel_node_rank_endpoint_up", 0, job_name=TOLD) == 1,
+          "the rank probed at the endpoint it told")
+    assert job.ranks() == {(TOLD, "0", str(pid))}
+    directory = Path((job.control / "announced-rank").read_text())
+    assert procfs.read_environ(pid)["MFOTEL_NODE_DIR"] == str(directory)
+    assert directory.stat().st_mode & 0o777 == 0o700 and directory.stat().st_uid == os.getuid()
+    assert (directory / f"rank-{pid}.json").is_file()
+    (job.control / "done").write_text("")
+    assert job.process.wait(timeout=30) == 0
+    assert not directory.exists()
+
+
+def test_a_rank_reached_through_exec_is_followed(wrapped_job):
+    """The shell, seen first, is no rank; the rank it becomes through `exec` (the same pid and
+    start time) is one. No announcement: the agent's guess must see the exec."""
+    job = wrapped_job("sleep 1.5; exec env RANK_ID=0 RANK_SIZE=1 {rank} --name rank "
+                      f"--port {{rank_port}} --job-name {TOLD}")
+    pid = job.pid("rank")
+    until(lambda: job.value("mfotel_node_rank_endpoint_up", 0, job_name=TOLD) == 1,
+          "the rank followed (named by its endpoint)")
+    assert job.ranks() == {(TOLD, "0", str(pid))}
+
+
+def test_a_sidecar_with_the_ranks_environment_is_no_rank(wrapped_job):
+    """A wrapper exports RANK_ID and starts a Python sidecar before the rank: guessed, the
+    sidecar is rank 0 and the rank its helper. The rank's announcement puts it right; killed,
+    the rank is reported ended by SIGKILL, and the sidecar, running on, is no rank."""
+    job = wrapped_job("export RANK_ID=0 RANK_SIZE=1; {rank} --name sidecar & sleep 1.5; "
+                      f"{{rank}} --name rank --port {{rank_port}} --job-name {TOLD} "
+                      "--announce --announce-when-told; wait", config_job_name=TOLD)
+    sidecar, pid = job.pid("sidecar"), job.pid("rank")
+    until(lambda: job.ranks() == {(TOLD, "0", str(sidecar))}, "the guess: the sidecar")
+    time.sleep(3 * PROBE_INTERVAL)  # scans and probes after the rank started
+    assert job.ranks() == {(TOLD, "0", str(sidecar))}
+    write_atomically(job.control / "announce-rank", "")
+    until(lambda: job.ranks() == {(TOLD, "0", str(pid))}, "the rank, as it told")
+    until(lambda: job.value("mfotel_node_rank_endpoint_up", 0) == 1, "the rank probed")
+    os.kill(pid, signal.SIGKILL)
+    info = until(lambda: job.exit_info(0), "the rank's exit")
+    assert (info["job_name"], info["cause"], info["signal"]) == (TOLD, "signal", "9")
+    time.sleep(3 * PROBE_INTERVAL)
+    assert running(sidecar) and job.ranks() == {(TOLD, "0", str(pid))}
+    assert job.state(0) == "exited" and job.exit_info(0)["signal"] == "9"
+
+
+def test_a_later_step_of_the_wrapper_leaves_the_crash_reported(wrapped_job):
+    """After the rank a wrapper runs another Python step with its environment (a log upload,
+    a moment later: started while the rank lived, it would pass for the rank's helper): the
+    rank's SIGKILL stays reported, not replaced by the step's "running" and "completed"."""
+    job = wrapped_job("export RANK_ID=0 RANK_SIZE=1; "
+                      f"{{rank}} --name rank --port {{rank_port}} --job-name {TOLD} --announce; "
+                      "sleep 2; {rank} --name upload --exit-after 3; echo uploaded",
+                      config_job_name=TOLD, linger=10.0)  # (the last command is exec'd)
+    pid = job.pid("rank")
+    until(lambda: job.ranks() == {(TOLD, "0", str(pid))} and
+          job.value("mfotel_node_rank_endpoint_up", 0) == 1, "the rank, as it told")
+    os.kill(pid, signal.SIGKILL)
+    seen = []
+
+    def look() -> None:
+        seen.append((job.ranks(), job.state(0), (job.exit_info(0) or {}).get("signal")))
+        time.sleep(PROBE_INTERVAL)
+    while not (job.control / "pid-upload").exists() or running(job.pid("upload")):
+        look()
+    for _ in range(5):  # scans after the step ended
+        look()
+    # the node endpoint collects at most once a second: "running" a moment after the kill;
+    # from its exit on, the rank's end only, while the step ran and after
+    ended = next(i for i, (_, _, signum) in enumerate(seen) if signum == "9")
+    assert len(seen) - ended >= 5 + (2 + 3) / PROBE_INTERVAL - 2, seen
+    assert seen[ended:] == [({(TOLD, "0", str(pid))}, "exited", "9")] * (len(seen) - ended), seen
+    assert all(ranks == {(TOLD, "0", str(pid))} for ranks, _, _ in seen), seen
+    assert job.process.wait(timeout=30) == 0  # the wrapper's status: its last command's
+
+
+def test_the_node_endpoint_opens_for_a_rank_there_at_the_first_scan(tmp_path, monkeypatch):
+    """The agent's first scan runs while NodeAgent.start() returns, and it finds a rank that
+    exists already (`RANK_ID=0 mfotel-instrument python train.py`): the endpoint opens then,
+    not never. Made certain here: this agent scans before its threads start."""
+    from mfotel.integrations import node_service
+    from mfotel.integrations.node_agent import NodeAgent
+
+    class ScansFirst(NodeAgent):
+        def start(self) -> NodeAgent:
+            self.scan()
+            return super().start()
+    base = free_port_block(2)
+    config = tmp_path / "train.yaml"
+    config.write_text(f"monitor_config:\n  prometheus:\n    host: 127.0.0.1\n"
+                      f"    port: {base + 1}\n")
+    rank = subprocess.Popen([sys.executable, str(RANK_SCRIPT), "--name", "rank", "--control",
+                             str(tmp_path), "--port", str(base + 1)],
+                            env=child_env(RANK_ID="0", RANK_SIZE="1"))
+    monkeypatch.setattr(node_service, "NodeAgent", ScansFirst)
+    service = node_service.NodeService(training_config([], str(config)), linger=0.0)
+    try:
+        wait_for(lambda: (tmp_path / "pid-rank").exists(), settle(30), 0.1, "the rank started")
+        service.started(os.getpid())
+        assert service.endpoint is not None and service.endpoint.port == base
+        assert {dict(k[1])["pid"] for k in samples(scrape(service.endpoint.url))
+                if k[0] == "mfotel_node_rank_info"} == {str(rank.pid)}
+    finally:
+        service.close()
+        rank.kill()
+        rank.wait()
+
+
+def test_announcements_are_checked_and_a_told_end_stays(tmp_path):
+    """The agent's side of the rendezvous, scan by scan: an announcement of a live process
+    below the agent's root names it; one of another process, of a pid gone, or written before
+    its process started (the pid reused) is ignored; so is a file that is no announcement.
+    Once a rank that told ended, a process guessed as that rank is none; only a new
+    announcement of the rank replaces it."""
+    from mfotel.integrations.node_agent import AgentSettings, NodeAgent
+    from mfotel.node_link import Announcement, announce, announcement_path
+    directory = tmp_path / "node"
+    directory.mkdir(mode=0o700)
+    children: list[subprocess.Popen] = []
+
+    def child(name: str, **env: str) -> subprocess.Popen:
+        children.append(subprocess.Popen(
+            [sys.executable, str(RANK_SCRIPT), "--name", name, "--control", str(tmp_path)],
+            env=child_env(**env)))
+        wait_for(lambda: (tmp_path / f"pid-{name}").exists(), settle(30), 0.1, name)
+        return children[-1]
+    agent = NodeAgent(os.getpid(), AgentSettings(job_name="guess", node_dir=directory))
+
+    def ranks() -> set[tuple[str, int, int, int, str]]:
+        agent.scan()
+        return {(v.job_name, v.rank, v.local_rank, v.pid, v.state) for v in agent.views()}
+    try:
+        first = child("first")
+        announce(directory, Announcement(first.pid, "told", 5, local_rank=1))
+        assert ranks() == {("told", 5, 1, first.pid, "running")}
+        reused = child("reused")
+        path = announce(directory, Announcement(reused.pid, "told", 6))
+        os.utime(path, (time.time() - 3600, time.time() - 3600))  # before `reused` started
+        announce(directory, Announcement(os.getppid(), "told", 7))  # not below the root
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        announce(directory, Announcement(gone.pid, "told", 8))
+        announcement_path(directory, 1).write_text("{")
+        assert ranks() == {("told", 5, 1, first.pid, "running")}
+        first.kill()  # a zombie until reaped: the agent reads its status there
+        until(lambda: ("told", 5, 1, first.pid, "zombie") in ranks(), "the told rank's end",
+              timeout=10)
+        assert agent.views()[0].exit.signal == signal.SIGKILL
+        first.wait()
+        again = child("again", RANK_ID="5", RANK_SIZE="8")  # guessed as rank 5: no rank
+        time.sleep(1.5)
+        assert ranks() == {("told", 5, 1, first.pid, "exited")}  # reaped meanwhile
+        announce(directory, Announcement(again.pid, "told", 5))  # a new run of rank 5
+        assert ranks() == {("told", 5, 0, again.pid, "running")}
+    finally:
+        agent.close()
+        for process in children:
+            process.kill()
+            process.wait()
