@@ -155,6 +155,7 @@ class _Rank:
     end_ticks: int | None = None   # when, in clock ticks since boot (as start_ticks)
     exit: Exit | None = None
     announcement: Announcement | None = None  # what the rank told (mfotel.node_link)
+    stopped_at: float | None = None  # unix time it was first seen stopped, while it is
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ class RankView:
     exit: Exit | None
     stack_at: float | None = None  # unix time of its last stack capture (stacks.py)
     stack_scheme: str = "http"     # the node endpoint's, which serves it (the ranks' web-config)
+    stopped_at: float | None = None  # unix time it was first seen stopped, while it is
 
 
 def state_name(stat: ProcStat | None) -> str:
@@ -508,6 +510,14 @@ class NodeAgent:
             log.info("mfotel-instrument: pid %d is no rank: pid %d told it is rank %d of job %s",
                      rank.pid, told.pid, told.rank, told.job_name)
 
+    def _note_stopped(self, rank: _Rank, stat: ProcStat) -> None:
+        """When the rank was first seen stopped, while it is (under the lock)."""
+        if stat.state in ("T", "t"):
+            if rank.stopped_at is None:
+                rank.stopped_at = self.clock()
+        else:
+            rank.stopped_at = None
+
     def _add(self, rank: _Rank) -> None:
         fd = _pidfd(rank.pid)
         with self._lock:
@@ -528,6 +538,8 @@ class NodeAgent:
         interval (`slow`) its memory cgroup's OOM-kill counts, the baseline of its end."""
         if stat is not None and stat.start_ticks == rank.start_ticks and not stat.ended:
             rank.stat = stat
+            with self._lock:
+                self._note_stopped(rank, stat)
             if slow:  # its cgroup again: a process may be moved (a container runtime, a test)
                 rank.oom_files = procfs.memory_cgroup_files(rank.pid) or rank.oom_files
                 rank.oom_counts = procfs.oom_kill_counts(rank.oom_files)
@@ -575,7 +587,7 @@ class NodeAgent:
         done = Exit(rank.ended_at, status, oom, cancelled)
         with self._lock:
             rank.exit, rank.end_ticks = done, procfs.uptime_ticks()
-            rank.answering = None
+            rank.answering, rank.stopped_at = None, None
             rank.endpoint = None
         for fd in [fd for fd, pid in self._pidfds.items() if pid == rank.pid]:
             del self._pidfds[fd]
@@ -675,6 +687,8 @@ class NodeAgent:
                 current = None  # the pid was reused
             if rank.exit is None and current is not None:
                 rank.stat = current
+                with self._lock:
+                    self._note_stopped(rank, current)
             stat = rank.stat  # an ended rank keeps its last CPU and memory figures
             state = state_name(current)
             if rank.exit is not None and state != "zombie":
@@ -684,7 +698,8 @@ class NodeAgent:
                 views[(rank.job_name, rank.rank)] = RankView(
                     rank.job_name, rank.rank, rank.local_rank, rank.pid, state,
                     stat.cpu_seconds, stat.rss_bytes, up, rank.last_answer, rank.exit,
-                    self.stacks.captured_at(rank.job_name, rank.rank), self.settings.rank_scheme)
+                    self.stacks.captured_at(rank.job_name, rank.rank), self.settings.rank_scheme,
+                    stopped_at=rank.stopped_at)
         return list(views.values())
 
 

@@ -37,6 +37,9 @@ SERIES: tuple[NodeSeries, ...] = (
     NodeSeries("mfotel_node_rank_state", "gauge",
                "1 for the rank process's state (running, stopped by SIGSTOP, zombie, exited), "
                "0 for the others", ("state",)),
+    NodeSeries("mfotel_node_rank_stopped_timestamp_seconds", "gauge",
+               "Unix time the rank process was first seen stopped (SIGSTOP, a debugger), while "
+               "it is stopped; absent otherwise"),
     NodeSeries("mfotel_node_rank_endpoint_up", "gauge",
                "1 if the rank's /metrics answered the agent's last liveness probe, 0 if it was "
                "silent (absent while nothing listens)"),
@@ -79,6 +82,8 @@ def families(views: Sequence[RankView]) -> list[Metric]:
         out["mfotel_node_rank_info"].add_metric([*who, str(view.local_rank), str(view.pid)], 1)
         for state in STATES:
             out["mfotel_node_rank_state"].add_metric([*who, state], float(state == view.state))
+        if view.stopped_at is not None:
+            out["mfotel_node_rank_stopped_timestamp_seconds"].add_metric(who, view.stopped_at)
         if view.endpoint_up is not None:
             out["mfotel_node_rank_endpoint_up"].add_metric(who, float(view.endpoint_up))
         if view.last_answer is not None:

@@ -45,6 +45,7 @@ def test_node_series_are_pinned():
     assert [(s.name, s.kind, s.labels) for s in node_metrics.SERIES] == [
         ("mfotel_node_rank_info", "gauge", ("local_rank", "pid")),
         ("mfotel_node_rank_state", "gauge", ("state",)),
+        ("mfotel_node_rank_stopped_timestamp_seconds", "gauge", ()),
         ("mfotel_node_rank_endpoint_up", "gauge", ()),
         ("mfotel_node_rank_endpoint_last_answer_timestamp_seconds", "gauge", ()),
         ("mfotel_node_rank_cpu_seconds_total", "counter", ()),
@@ -59,7 +60,8 @@ def test_exposition_of_a_live_and_an_ended_rank():
     from prometheus_client import CollectorRegistry, generate_latest
     views = [RankView("j", 0, 0, 100, "running", 1.5, 4096, True, 10.0, None),
              RankView("j", 1, 1, 101, "exited", 2.0, 8192, None, 9.0,
-                      Exit(20.0, signal.SIGKILL, oom=True))]
+                      Exit(20.0, signal.SIGKILL, oom=True)),
+             RankView("j", 2, 2, 102, "stopped", 1.0, 4096, None, 8.0, None, stopped_at=15.0)]
     registry = CollectorRegistry()
     registry.register(node_metrics.NodeCollector(lambda: views))
     body = samples(generate_latest(registry).decode())
@@ -75,6 +77,9 @@ def test_exposition_of_a_live_and_an_ended_rank():
     assert [k for k in body if k[0] == "mfotel_node_rank_endpoint_up"] == [
         ("mfotel_node_rank_endpoint_up", frozenset({"job_name": "j", "rank": "0"}.items()))]
     assert [dict(k[1])["rank"] for k in body if k[0] == "mfotel_node_rank_exit_info"] == ["1"]
+    # the stopped timestamp only while stopped
+    assert [(dict(k[1])["rank"], v) for k, v in body.items()
+            if k[0] == "mfotel_node_rank_stopped_timestamp_seconds"] == [("2", 15.0)]
 
 
 @pytest.mark.parametrize("status, flags, cause, code, sig", [
@@ -413,12 +418,22 @@ def test_a_stopped_rank_and_a_rank_holding_the_gil_are_alive_and_not_answering(a
     for rank in range(3):
         until(lambda r=rank: job.value("mfotel_node_rank_endpoint_up", r) == 1,
               f"rank {rank} answering")
+    stopped_at = time.time()
     os.kill(job.pids[1], signal.SIGSTOP)
     until(lambda: job.state(1) == "stopped", "rank 1 stopped")
     until(lambda: job.value("mfotel_node_rank_endpoint_up", 1) == 0, "rank 1 silent")
+    # when it was first seen stopped (the order of departures of the job-level rules), kept
+    # while it stays stopped; absent for the others
+    since = job.value("mfotel_node_rank_stopped_timestamp_seconds", 1)
+    assert since is not None and stopped_at <= since <= time.time()
+    time.sleep(3 * PROBE_INTERVAL)
+    assert job.value("mfotel_node_rank_stopped_timestamp_seconds", 1) == since
+    assert [job.value("mfotel_node_rank_stopped_timestamp_seconds", r) for r in (0, 2)] == \
+        [None, None]
     os.kill(job.pids[1], signal.SIGCONT)
     until(lambda: job.state(1) == "running" and
           job.value("mfotel_node_rank_endpoint_up", 1) == 1, "rank 1 back")
+    assert job.value("mfotel_node_rank_stopped_timestamp_seconds", 1) is None
 
     hold = 8
     write_atomically(job.control / "hold-2", str(hold))
