@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,20 @@ def stop(process: subprocess.Popen, timeout: float = 20.0) -> None:
     _stop_group(process, timeout)
     if process.pid in _TAGS:
         kill_tagged(_TAGS.pop(process.pid))
+
+
+def stop_launcher(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """End an `mfotel-instrument` as its user does: SIGTERM (the job's cancel), again each
+    second until it exits (a second one ends its node endpoint's linger), so that it removes
+    what it made (its node directory) instead of being killed; then stop() what is left."""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+    stop(process, timeout=2)
 
 
 def _stop_group(process: subprocess.Popen, timeout: float) -> None:

@@ -28,7 +28,7 @@ from mfotel.integrations import liveness, node_metrics, procfs
 from mfotel.integrations.node_agent import PORT_WINDOW, Exit, RankView, rank_info, rank_of
 from mfotel.integrations.node_service import config_argument, node_port, training_config
 from tests.support.metrics import samples, scrape
-from tests.support.multirank import ROOT, child_env, free_port_block, stop
+from tests.support.multirank import ROOT, child_env, free_port_block, stop_launcher
 from tests.support.processes import running, tree
 from tests.support.scripts.handover import write_atomically
 from tests.support.waiting import settle, wait_for
@@ -370,7 +370,7 @@ def agent_job(tmp_path) -> Iterator[Any]:
         leftovers |= {int(text) for f in job.control.glob("helper-*")
                       if (text := f.read_text().strip()).isdigit()}
         # nothing is checked after: the agent's linger (its final scrape) is not waited out
-        stop(job.process, timeout=2)
+        stop_launcher(job.process)
         for pid in leftovers:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -681,7 +681,7 @@ def wrapped_job(tmp_path) -> Iterator[Any]:
         (job.control / "done").write_text("")
         leftovers = set(tree(job.process.pid)) | {
             int(text) for f in job.control.glob("pid-*") if (text := f.read_text()).isdigit()}
-        stop(job.process, timeout=2)  # the agent's linger is not waited out
+        stop_launcher(job.process)  # the agent's linger is not waited out
         for pid in leftovers:
             try:
                 os.kill(pid, signal.SIGKILL)
