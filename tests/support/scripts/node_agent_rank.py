@@ -10,8 +10,8 @@ it serves a prometheus_client /metrics holding `mindformers_train_rank_info` (as
 on 127.0.0.1; with `--announce` it joins the node agent as OTelMonitor does at train begin
 (`mfotel.node_link.NodeLink.join`: job, rank from `--rank` or RANK_ID, local rank, its
 endpoint), at start, or with `--announce-when-told` once DIR/announce-<name> exists (a real
-rank's train begin comes after MindSpore's import and compilation: until then the agent
-guesses). It writes DIR/announced-<name> then, and runs until DIR/done exists, or
+rank's train begin comes after MindSpore's import and the job's set-up: until then the
+agent guesses). It writes DIR/announced-<name> then, and runs until DIR/done exists, or
 `--exit-after` seconds.
 """
 from __future__ import annotations
