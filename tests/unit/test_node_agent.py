@@ -772,6 +772,8 @@ def test_a_later_step_of_the_wrapper_leaves_the_crash_reported(wrapped_job):
     assert len(seen) - ended >= 5 + (2 + 3) / PROBE_INTERVAL - 2, seen
     assert seen[ended:] == [({(TOLD, "0", str(pid))}, "exited", "9")] * (len(seen) - ended), seen
     assert all(ranks == {(TOLD, "0", str(pid))} for ranks, _, _ in seen), seen
+    until(lambda: "stays up 10 s" in job.output(), "the job's end")
+    job.process.send_signal(signal.SIGTERM)  # ends the linger
     assert job.process.wait(timeout=30) == 0  # the wrapper's status: its last command's
 
 
