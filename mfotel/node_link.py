@@ -209,7 +209,9 @@ class NodeLink:
         finally:
             os.close(fd)
         stacks_path = directory / f"stacks-{pid}.txt"
-        opened: IO[str] = open(stacks_path, "a", encoding="utf-8")
+        # only the job's user reads a rank's stacks (code paths, file names): 0600 as the rest
+        fd = os.open(stacks_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        opened: IO[str] = os.fdopen(fd, "a", encoding="utf-8")
         stacks: IO[str] | None = opened
         try:
             # chain=False: the handler is installed with SA_RESTART (system calls interrupted

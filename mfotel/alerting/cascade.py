@@ -124,11 +124,12 @@ def fresh_departures(cfg: RulesConfig) -> str:
     status = m("mindformers_train_status")
     inside = f"(\n{indent(begin)}\n  > on (job_name, rank)\n{indent(end)}\n)"
     # out of the step since its last step ended, while a running rank waits inside a step
-    # that began after that
+    # that began after that (all as last scraped: a missed scrape changes nothing)
     waited_for = (f"(\n{indent(end)}\n  < on (job_name) group_left ()\n"
                   f"  max by (job_name) {indent(inside, '  ').lstrip()}\n)\n"
                   f"unless on (job_name, rank) {inside}\n"
-                  f"and on (job_name, rank) ({status} == {STATUS_RUNNING})\n"
+                  f"and on (job_name, rank) ({_held(cfg, 'mindformers_train_status')} == "
+                  f"{STATUS_RUNNING})\n"
                   f"and on (job_name, rank) {_lasted(cfg, end, outside_record(cfg))}")
     answer = _by_rank(m("mfotel_node_rank_endpoint_last_answer_timestamp_seconds"))
     # silent since its last answer (or its last step, if Prometheus saw a later one)
@@ -313,13 +314,12 @@ def stalled_ranks(cfg: RulesConfig) -> str:
 
 
 def _held_position(cfg: RulesConfig) -> tuple[str, str]:
-    """(behind, stalled job) for the stall page when no rank has left yet: the old reading of
-    positions (a rank behind the others in steps), used when no culprit is known."""
-    m = cfg.m
+    """(behind, running) for the stall page when no rank has left yet: ranks behind the others
+    in steps, as last scraped."""
     running = f"({_held(cfg, 'mindformers_train_status')} == {STATUS_RUNNING})"
-    step = _by_rank(m("mindformers_train_step"))
-    begin = _by_rank(m("mindformers_train_step_begin_timestamp_seconds"))
-    end = _by_rank(m("mindformers_train_last_step_timestamp_seconds"))
+    step = _held(cfg, "mindformers_train_step")
+    begin = _held(cfg, "mindformers_train_step_begin_timestamp_seconds")
+    end = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
     position = (f"{step}\n+ on (job_name, rank)\n"
                 f"(\n  0.5 * ({begin} > bool on (job_name, rank) {end})\n"
                 f"  or on (job_name, rank)\n  0 * {step}\n)\n"

@@ -83,7 +83,8 @@ class AgentMsrunJob:
             self.process = subprocess.Popen(
                 [*INSTRUMENT, "--config", str(config), "--node-probe-interval", "1",
                  "--node-linger", str(NODE_LINGER), *options, *msrun], cwd=work,
-                env=child_env(PWD=str(work), **timeout), stdout=out, stderr=subprocess.STDOUT,
+                env=child_env(PWD=str(work), TMPDIR=str(work), **timeout), stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True)
         self.seen: set[int] = set()
 

@@ -75,7 +75,8 @@ class StacksJob:
             self.process = subprocess.Popen(
                 [*INSTRUMENT, "--config", str(config), "--node-probe-interval", "1",
                  "--node-linger", "0", *msrun], cwd=work,
-                env=child_env(PWD=str(work), **extra), stdout=out, stderr=subprocess.STDOUT,
+                env=child_env(PWD=str(work), TMPDIR=str(work), **extra), stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True)
         self.seen: set[int] = set()
 

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,13 +86,16 @@ class FaultyJob:
     def __init__(self, workdir: Path, fault: str, ranks: int = 2, fault_rank: int = 1,
                  job_name: str = "jt", fast_path: bool = False, join: bool = True,
                  rules: RulesConfig = JOB_RULES, env: dict[str, str] | None = None,
-                 steps: int = STEPS, launcher: bool = False, **options: Any) -> None:
+                 steps: int = STEPS, launcher: bool = False,
+                 also: dict[str, RulesConfig] | None = None, **options: Any) -> None:
         """`join=False`: msrun starts the job and returns, leaving the ranks alone (with
         `--join=True` it SIGKILLs every rank as soon as one exits with an error). `env`: more
         environment for msrun and its ranks (MindSpore's own settings, e.g. MS_NODE_TIMEOUT).
         `launcher`: msrun runs under `mfotel-instrument --config job.yaml` (the YAML holds the
         ranks' monitor settings), whose node agent serves the node endpoint on the ranks'
-        port - 1 and writes its file_sd target beside rank 0's.
+        port - 1 and writes its file_sd target beside rank 0's. `also`: more stacks (own
+        Prometheus, Alertmanager and webhook) watching the same job with other rules, by name
+        (`stacks[name]`; the main one is `stack`).
         `options`: faulty_dp.py's other flags (seconds=1.0 is `--seconds 1.0`)."""
         self.workdir, self.fault, self.ranks = workdir, fault, ranks
         self.fault_rank, self.job_name, self.fast_path = fault_rank, job_name, fast_path
@@ -102,6 +106,9 @@ class FaultyJob:
         self.targets = workdir / "targets" / "job.json"
         self.rules = rules
         self.stack = SimStack(workdir, workdir / "targets" / "*.json", INTERVAL, rules)
+        self.stacks = {name: SimStack(workdir / f"stack-{name}", workdir / "targets" / "*.json",
+                                      INTERVAL, more) for name, more in (also or {}).items()}
+        self._watchers: list[AlertWatch] = []
         self.msrun: subprocess.Popen | None = None
         self.started = 0.0
 
@@ -109,6 +116,8 @@ class FaultyJob:
     def __enter__(self) -> FaultyJob:
         self.stack.start()
         try:
+            for stack in self.stacks.values():
+                stack.start()
             self._launch()
         except BaseException:
             self.stop()
@@ -138,7 +147,9 @@ class FaultyJob:
             command = [*INSTRUMENT, "--config", str(self._monitor_yaml()),
                        "--node-probe-interval", "1", *command]
         self.started = time.time()
-        self.msrun = start(command, child_env(**self.env), self.workdir / "msrun.log", self.workdir)
+        # TMPDIR: a launcher killed at the end leaves its node directory in the test's folder
+        self.msrun = start(command, child_env(TMPDIR=str(self.workdir), **self.env),
+                           self.workdir / "msrun.log", self.workdir)
 
     def _monitor_yaml(self) -> Path:
         """The ranks' monitor settings as faulty_dp.py passes them, for the launcher."""
@@ -178,7 +189,10 @@ class FaultyJob:
             self._signal(pid, signal.SIGKILL, group=True)
         if self.msrun is not None:
             stop(self.msrun)
-        self.stack.stop()
+        for watcher in self._watchers:
+            watcher.close()
+        for stack in (self.stack, *self.stacks.values()):
+            stack.stop()
 
     def _ours(self, pid: int) -> bool:
         """Whether `pid` runs this job's script (its port is this job's: not a reused pid)."""
@@ -267,18 +281,70 @@ class FaultyJob:
             f'max_over_time(ALERTS{{{self.sel(f"alertname={json.dumps(alertname)}")}, '
             f'alertstate="firing"}}[{window}])')]
 
+    def watch(self, stack: SimStack | None = None) -> AlertWatch:
+        """Every ALERTS series of the job that `stack`'s Prometheus (default: the main one)
+        shows from now on, polled in the background until the job stops."""
+        watcher = AlertWatch(stack or self.stack, self.job_name)
+        self._watchers.append(watcher)
+        return watcher
+
+    def processes_gone(self) -> bool:
+        """Whether every process of the job's script ended (ranks and msrun's scheduler)."""
+        return not self._processes()
+
     # ------------------------------------------------------------ what was notified
-    def notifications(self, alertname: str | None = None) -> list[list[ReceivedAlert]]:
+    def notifications(self, alertname: str | None = None,
+                      stack: SimStack | None = None) -> list[list[ReceivedAlert]]:
         """The firing notifications about the job (optionally with `alertname`), each as the
         list of its alerts: one webhook call each."""
         calls: dict[tuple[str, float], list[ReceivedAlert]] = {}
-        for alert in self.stack.receiver.received(
+        for alert in (stack or self.stack).receiver.received(
                 lambda a: a.firing and a.labels.get("job_name") == self.job_name):
             if alertname is None or alert.alertname == alertname:
                 calls.setdefault((alert.group_key, alert.received_at), []).append(alert)
         return [calls[key] for key in sorted(calls, key=lambda k: k[1])]
 
-    def wait_notified(self, alertname: str, timeout: float) -> list[ReceivedAlert]:
-        wait_for(lambda: self.notifications(alertname), settle(timeout), 1.0,
-                 f"a notification of {alertname}")
-        return self.notifications(alertname)[0]
+    def wait_notified(self, alertname: str, timeout: float,
+                      stack: SimStack | None = None) -> list[ReceivedAlert]:
+        wait_for(lambda: self.notifications(alertname, stack), settle(timeout), 1.0,
+                 f"a notification of {alertname}", details=self.log_tail)
+        return self.notifications(alertname, stack)[0]
+
+    def pages(self, stack: SimStack | None = None) -> list[list[tuple[str, str | None]]]:
+        """The critical notifications about the job: [(alertname, rank or None), ...] each."""
+        return [[(a.alertname, a.labels.get("rank")) for a in call]
+                for call in self.notifications(stack=stack)
+                if call[0].labels.get("severity") == "critical"]
+
+
+class AlertWatch:
+    """ALERTS of one job as a Prometheus shows them, polled every 0.5 s in a thread."""
+
+    def __init__(self, stack: SimStack, job_name: str) -> None:
+        self.stack, self.job_name = stack, job_name
+        self.seen: list[dict[str, str]] = []
+        self.first_seen: dict[tuple[str, str | None], float] = {}  # (alertname, rank) -> when
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        expr = f'ALERTS{{job_name="{self.job_name}", alertstate="firing"}}'
+        while not self._stop.wait(0.5):
+            try:
+                rows = [row["metric"] for row in self.stack.prometheus.query(expr)]
+                now = time.time()
+                for row in rows:
+                    self.first_seen.setdefault((row["alertname"], row.get("rank")), now)
+                self.seen += rows
+            except (OSError, TimeoutError):
+                pass
+
+    def critical(self) -> set[tuple[str, str | None]]:
+        """(alertname, rank or None) of every critical alert seen firing."""
+        return {(a["alertname"], a.get("rank")) for a in self.seen
+                if a.get("severity") == "critical"}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)

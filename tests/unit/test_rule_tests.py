@@ -155,7 +155,8 @@ def test_the_selector_labels_go_on_the_rules_series_and_what_keeps_them():
     text = render_rule_tests(RulesConfig(selector='cluster="a"'))["stall-down-failed.yml"]
     document = yaml.safe_load(text)
     # MindFormersRankDown keeps every label of the rank's series, the selector's with them
-    first = next(t for t in document["tests"] if t["name"] == "a rank that vanishes while running is down")
+    first = next(t for t in document["tests"]
+                 if t["name"] == "a rank that vanishes while running is down")
     assert all('cluster="a"' in s["series"] for s in first["input_series"])
     alert = next(c for c in first["alert_rule_test"] if c["exp_alerts"])["exp_alerts"][0]
     assert alert["exp_labels"]["cluster"] == "a"

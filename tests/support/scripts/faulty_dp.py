@@ -15,7 +15,11 @@ fault hits `--fault-rank` from global step `--fault-at` on (or once `--trigger` 
 - silent: an input row of one batch is NaN: the loss stays finite behind the ReLU, the
   gradient norm is NaN for a step (weights turning NaN);
 - hang: blocks in `__getitem__` for `--seconds` (outside the step; the others wait inside);
+- raise: raises in `__getitem__` (an exception in its data loader ends its training);
 - die: SIGKILLs itself at the end of that step.
+
+`--end-work SECONDS`: rank `--end-work-rank` spends that long in its end work (a callback's
+`on_train_end` before OTelMonitor's, as a final checkpoint save): it still runs meanwhile.
 
 `--pin` pins rank r to CPU r modulo the CPU count (as `taskset` would, before any thread
 starts). `--truth-dir DIR`: each rank appends its pid, then its loss and gradient norm at
@@ -32,7 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-FAULTS = ("none", "input", "compute", "nan", "silent", "hang", "die")
+FAULTS = ("none", "input", "compute", "nan", "silent", "hang", "raise", "die")
+
+
+class InjectedFault(RuntimeError):
+    """The data loader's error of the `raise` fault."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--linger-seconds", type=float, default=30.0)
     parser.add_argument("--pin", action="store_true")
     parser.add_argument("--truth-dir", default=None)
+    parser.add_argument("--end-work", type=float, default=0.0,
+                        help="seconds of end work (on_train_end) of --end-work-rank")
+    parser.add_argument("--end-work-rank", type=int, default=0)
     return parser.parse_args(argv)
 
 
@@ -79,6 +90,8 @@ class FaultyData:
         fault = self.args.fault
         if within == 0 and fault in ("input", "hang") and self._active(step):
             time.sleep(self.args.seconds)
+        if within == 0 and fault == "raise" and self._active(step):
+            raise InjectedFault(f"rank {self.args.fault_rank}: a bad sample at step {step}")
         # one batch only: the first one loaded once the fault is active
         if within == 0 and fault in ("nan", "silent") and self.poisoned is None and \
                 self._active(step):
@@ -130,6 +143,16 @@ def fault_callback(args: argparse.Namespace, rank: int, truth: Path | None) -> A
     return Fault()
 
 
+def end_work(seconds: float) -> Any:
+    """A callback whose on_train_end takes `seconds` (a final checkpoint save)."""
+    from mindspore.train import Callback
+
+    class EndWork(Callback):
+        def on_train_end(self, run_context: Any) -> None:
+            time.sleep(seconds)
+    return EndWork()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     worker = os.environ.get("MS_ROLE") == "MS_WORKER"
@@ -163,8 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.truth_dir:
         Path(args.truth_dir).mkdir(parents=True, exist_ok=True)
         truth = Path(args.truth_dir) / f"rank_{rank}.jsonl"
-    # OTelMonitor first: the fault's step-begin work falls inside the timed step
+    # OTelMonitor first: the fault's step-begin work falls inside the timed step; end work
+    # before it (the run still runs while a final checkpoint saves)
     callbacks = [OTelMonitor(**settings), fault_callback(args, rank, truth)]
+    if args.end_work and rank == args.end_work_rank:
+        callbacks.insert(0, end_work(args.end_work))
     model = build_model(args.steps, args.batch_size, "constant")
     model.train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
 
