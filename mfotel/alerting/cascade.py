@@ -22,13 +22,15 @@ So each rank's departures from the healthy state are recorded, with when and how
 `waited_for` counts once it lasted max(departure_seconds, departure_step_factor x the rank's
 mean time outside the step per step: a rank slow on input each step is no departure),
 `unresponsive` once it lasted max(departure_seconds, departure_step_factor x its mean step
-interval). A departure is held for
-`cascade_window` after its facts vanished, and is void once the rank completes a step after it.
-The job's culprit is the rank that left first (`CULPRIT`); what the page says of it is its own
-first terminal fact (failed, exited, vanished) when that came before every other rank's
-departure or end, else how it left while it lived (waited_for, stopped, unresponsive). Every
-other rank's departure or end is the cascade's consequence: carried in the culprit's page,
-never paged on its own.
+interval). A departure is held for `cascade_window` after its facts vanished, and is void once
+the rank completes a step after it.
+
+The job's culprit is the rank that left first (`CULPRIT`), with the ranks the others waited
+for within `departure_seconds` of it (a node's ranks hanging together on its storage). What
+the page says of it is its own first terminal fact (failed, exited, vanished) when that came
+before every other rank's departure or end, else how it left while it lived (waited_for,
+stopped, unresponsive). Every other rank's departure or end is the cascade's consequence:
+carried in the culprit's page, never paged on its own.
 
 | the culprit | alert |
 |---|---|
@@ -149,7 +151,12 @@ def fresh_departures(cfg: RulesConfig) -> str:
     completed = _by_rank(f"last_over_time({m('mindformers_train_progress_ratio')}[{window}])")
     agent_ended = _by_rank(f"last_over_time({m('mfotel_node_rank_state', ENDED)}[{window}])")
     # last seen running, gone, and no node agent reports it (or its last word was an end)
-    vanished = (f"max by (job_name, rank) (last_over_time({SCRAPED}[{window}]))\n"
+    # last seen alive: its last scrape, or its last step when that ended after the scrape
+    # began (the body is rendered a moment after Prometheus stamps the scrape)
+    scraped = f"max by (job_name, rank) (last_over_time({SCRAPED}[{window}]))"
+    seen = (f"(\n{indent(end)}\n  > on (job_name, rank)\n  {scraped}\n"
+            f"  or on (job_name, rank)\n  {scraped}\n)")
+    vanished = (f"{seen}\n"
                 f"and on (job_name, rank) ({last_status} == {STATUS_RUNNING})\n"
                 f"unless on (job_name, rank) {status}\n"
                 f"unless on (job_name, rank) ({completed} >= 1)\n"
@@ -178,8 +185,13 @@ def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     m = cfg.m
     end = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
     held = _valid(f"last_over_time({DEPARTURES_HELD}[{cfg.cascade_window}])", end)
+    # the rank(s) that left first; ranks the others waited for within departure_seconds of
+    # that are culprits too (a node's ranks hanging together on its storage)
     culprit = (f"(\n  {FIRST}\n  == on (job_name) group_left ()\n"
-               f"  min by (job_name) ({FIRST})\n)")
+               f"  min by (job_name) ({FIRST})\n  or\n"
+               f"  min by (job_name, rank) ({DEPARTURES}{{{_hows(WAITING)}}})\n"
+               f"  <= on (job_name) group_left ()\n"
+               f"  (min by (job_name) ({FIRST}) + {cfg.departure_seconds})\n)")
     # the earliest departure or end of every rank but the culprit(s)
     others = (f"min by (job_name) (\n  min by (job_name, rank) ({DEPARTURES})\n"
               f"  unless on (job_name, rank)\n{indent(culprit)}\n)")
@@ -297,10 +309,13 @@ def _annotated(rule: dict[str, Any], cfg: RulesConfig) -> dict[str, Any]:
 def stalled_ranks(cfg: RulesConfig) -> str:
     """Running ranks with no step for max(stall_seconds, stall_step_factor x their mean step
     interval) + stall_for (the `for` inside the expression: a consequence pages at once, and
-    both pages are one alert). Held over 5m: a missed scrape resets nothing."""
+    both pages are one alert), but for ranks whose steps are all done (their end work). Held
+    over 5m: a missed scrape resets nothing."""
     m = cfg.m
     ts = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
     running = _held(cfg, "mindformers_train_status")
+    # every step done: in its end work (a final checkpoint save), not stalled
+    done = _held(cfg, "mindformers_train_progress_ratio")
     steps = m("mindformers_train_steps_total")
     extra = duration_seconds(cfg.stall_for)
     since = f"(time() - {ts})"
@@ -310,7 +325,8 @@ def stalled_ranks(cfg: RulesConfig) -> str:
             f"{step_interval_record(cfg)} + {num(extra)}\n)\n"
             f"and on (job_name, rank) ({running} == {STATUS_RUNNING})\n"
             f"and on (job_name, rank) "
-            f"(max by (job_name, rank) (changes({steps}[{cfg.stall_seconds}s])) == 0)")
+            f"(max by (job_name, rank) (changes({steps}[{cfg.stall_seconds}s])) == 0)\n"
+            f"unless on (job_name, rank) ({done} >= 1)")
 
 
 def _held_position(cfg: RulesConfig) -> tuple[str, str]:

@@ -199,13 +199,15 @@ def test_a_stopped_rank_past_a_long_time_out_pages_once_and_resumes(tmp_path):
 # ---------------------------------------------------------------- an exception
 @pytest.mark.parametrize("launcher", [True, False], ids=["launcher", "plain-msrun"])
 def test_an_exception_pages_its_rank_not_the_ranks_killed_after_it(tmp_path, launcher):
-    """Rank 1's data loader raises after step 29: it reports failed, msrun SIGKILLs rank 0.
+    """Rank 1's data loader raises: it reports failed, msrun SIGKILLs rank 0.
     One page, MindFormersRankFailed for rank 1 (its exit code under the launcher, rank 0's
     SIGKILL and vanishing: context)."""
-    with FaultyJob(tmp_path, "raise", fault_at=HANG_STEP, launcher=launcher,
+    trigger = tmp_path / "raise-now"
+    with FaultyJob(tmp_path, "raise", trigger=trigger, launcher=launcher,
                    step_sleep=0.05, linger_seconds=5) as job:
         seen = job.watch()
-        job.wait_running()
+        job.wait_running(seconds=3)
+        raised = job.trigger()
         [page] = job.wait_notified("MindFormersRankFailed", 180)
         assert page.labels["rank"] == "1"
         _quiet_after_the_end(job)
@@ -215,7 +217,7 @@ def test_an_exception_pages_its_rank_not_the_ranks_killed_after_it(tmp_path, lau
                     if call[0].labels.get("severity") == "warning"]
         assert warnings == [], [[a.alertname for a in call] for call in warnings]
         _say(f"exception, {'launcher' if launcher else 'plain msrun'}",
-             page_after_start_s=round(page.received_at - job.started, 1),
+             page_after_fault_s=round(page.received_at - raised, 1),
              description=page.annotations["description"])
 
 
@@ -224,10 +226,9 @@ def test_a_clean_finish_with_long_end_work_pages_nobody(tmp_path):
     """Rank 0 spends longer in its end work (a final checkpoint save in on_train_end) than
     ranks_missing_for after rank 1 completed and left: nobody is missing, nothing pages."""
     end_work = 2 * 20 + 10   # JOB_RULES.ranks_missing_for is 20s
-    with FaultyJob(tmp_path, "none", steps=300, step_sleep=0.05, end_work=end_work,
+    with FaultyJob(tmp_path, "none", steps=600, step_sleep=0.05, end_work=end_work,
                    end_work_rank=0, linger_seconds=5) as job:
         seen = job.watch()
-        job.wait_running()
         wait_for(job.processes_gone, settle(300 + end_work), 1.0, "the job completed",
                  details=job.log_tail)
         time.sleep(15)

@@ -78,11 +78,13 @@ def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(
     active = {(job, name, rank) for job, name, rank in result.active_in_alertmanager}
     assert active == {(job, name, rank) for job, (names, ranks) in expected.items()
                       for name in names for rank in ranks}
-    # muted, not absent: what each incident echoed fired in Prometheus
+    # the rules page a cascade's first cause only: what a dead rank causes (the job short of a
+    # rank, the others stalled waiting for it) never fires, not even in Prometheus (ALERTS:
+    # dashboards, a second Alertmanager)
     firing = {(a["alertname"], a["job_name"], a.get("rank", "")) for a in
               result.firing_in_prometheus}
-    assert ("MindFormersRanksMissing", "t-rank-down", "") in firing
-    assert ("MindFormersTrainingStalled", "t-rank-down", "") in firing, "muted by RankDown"
+    assert not {name for name, job, _ in firing if job == "t-rank-down"} & {
+        "MindFormersRanksMissing", "MindFormersTrainingStalled"}, firing
     dead = str(by_fault["rank_down"].fault_ranks[0])
     if node_agents:   # the agent reports the rank: RankDown muted at its source (the rule)
         assert ("MindFormersRankExited", "t-rank-down", dead) in firing

@@ -283,27 +283,30 @@ def test_a_rank_that_ends_pages_once_naming_it_and_the_cause(tmp_path, msrun_age
         else:
             (job.faults / "raise-1").write_text("")
         faulted = time.time()
-        page = stack.receiver.wait_for(
-            lambda a: a.alertname == "MindFormersRankExited" and a.firing, timeout=120)
+        # SIGKILL: the agent saw it end (its cause); the exception: the rank reported it failed
+        # first (MindFormersRankFailed), its exit (code 3) after its linger adds nothing
+        expected = "MindFormersRankExited" if fault == "SIGKILL" else "MindFormersRankFailed"
+        page = stack.receiver.wait_for(lambda a: a.alertname == expected and a.firing,
+                                       timeout=120)
         delay = page.received_at - faulted
-        print(f"\n{fault}: MindFormersRankExited received {delay:.2f} s after the fault")
+        print(f"\n{fault}: {expected} received {delay:.2f} s after the fault")
         labels = page.labels
         assert (labels["job_name"], labels["rank"], labels["severity"]) == (JOB, "1", "critical")
+        # one scrape + one evaluation + the critical route's group_wait (+ load margin)
+        assert delay < 1 + 1 + CRITICAL_GROUP_WAIT + 3.0
         if fault == "SIGKILL":
             assert (labels["cause"], labels["signal"], labels["signal_name"]) == \
                 ("signal", "9", "SIGKILL")
             assert "killed by signal 9 (SIGKILL)" in page.annotations["description"]
-            # one scrape + one evaluation + the critical route's group_wait (+ load margin)
-            assert delay < 1 + 1 + CRITICAL_GROUP_WAIT + 3.0
         else:
-            assert (labels["cause"], labels["exit_code"]) == ("exit_code", "3")
-            assert "exit code 3" in page.annotations["description"]
-            # the rank's own last status agrees: failed
+            assert "an exception ended its training" in page.annotations["description"]
+            # the rank's own last status agrees: failed; its node agent saw the exit code
             status = prom.query(f'last_over_time(mindformers_train_status{{job_name="{JOB}", '
                                 f'rank="1"}}[10m])')
             assert float(status[0]["value"][1]) == 3
-            # its linger (until the failed status was scraped) comes first
-            assert delay < RANK_LINGER + 1 + 1 + CRITICAL_GROUP_WAIT + 3.0
+            wait_for(lambda: job.node_value("mfotel_node_rank_exit_info", 1, cause="exit_code",
+                                            exit_code="3"),
+                     settle(RANK_LINGER + 5), 0.25, "rank 1's exit code 3 reported")
         # msrun killed rank 0 after it: reported, never paged
         wait_for(lambda: job.node_value("mfotel_node_rank_exit_info", 0),
                  settle(30), 0.25, "rank 0's end reported")
@@ -313,7 +316,7 @@ def test_a_rank_that_ends_pages_once_naming_it_and_the_cause(tmp_path, msrun_age
             time.sleep(0.5)
         pages = [(a.alertname, a.labels.get("rank")) for a in stack.receiver.received()
                  if a.firing and a.labels.get("severity") == "critical"]
-        assert pages == [("MindFormersRankExited", "1")], pages
+        assert pages == [(expected, "1")], pages
 
 
 def test_killing_the_agent_never_kills_or_stalls_the_ranks(tmp_path, msrun_agent_job):

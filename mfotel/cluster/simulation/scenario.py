@@ -16,9 +16,10 @@ Each job (nodes), what happens at the fault time, and the one notification it mu
 - `<prefix>-nan` (1): one rank's loss and grad norm go NaN; every other rank's grad norm at
   that step, its loss from the next: `MindFormersLossNotFinite` naming that rank.
 - `<prefix>-rank-down` (1): one rank's process dies (its port closes), the others stay
-  inside the next step: `MindFormersRankDown` naming that rank (the stall is muted); with a
-  node agent per node, the agent's `MindFormersRankExited` naming it and its signal
-  (RankDown is muted where the agent reports the rank).
+  inside the next step: `MindFormersRankDown` naming that rank (the first to leave: the stall
+  and the missing rank it causes never fire); with a node agent per node, the agent's
+  `MindFormersRankExited` naming it and its signal (RankDown is muted where the agent reports
+  the rank).
 - `<prefix>-hang` (2): the ranks of its second node hang between steps, the others wait
   inside the next step: `MindFormersTrainingStalled` naming the hung ranks.
 - `<prefix>-complete` (1): the last step, status completed, final scrape, exit: nothing.
