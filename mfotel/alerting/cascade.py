@@ -122,14 +122,12 @@ def fresh_departures(cfg: RulesConfig) -> str:
     """The departures the facts show now, one series per rank and `how`."""
     m = cfg.m
     end = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
-    begin = _held(cfg, "mindformers_train_step_begin_timestamp_seconds")
     status = m("mindformers_train_status")
-    inside = f"(\n{indent(begin)}\n  > on (job_name, rank)\n{indent(end)}\n)"
-    # out of the step since its last step ended, while a running rank waits inside a step
-    # that began after that (all as last scraped: a missed scrape changes nothing)
-    waited_for = (f"(\n{indent(end)}\n  < on (job_name) group_left ()\n"
-                  f"  max by (job_name) {indent(inside, '  ').lstrip()}\n)\n"
-                  f"unless on (job_name, rank) {inside}\n"
+    # behind another rank in steps (out of the step after step N while another is inside step
+    # N + 1: the ranks leave a step's collective together, so timestamps cannot tell) for long
+    # enough, as last scraped (a missed scrape changes nothing); the time it left: its last
+    # step's end
+    waited_for = (f"{end}\nand on (job_name, rank)\n{indent(behind_ranks(cfg))}\n"
                   f"and on (job_name, rank) ({_held(cfg, 'mindformers_train_status')} == "
                   f"{STATUS_RUNNING})\n"
                   f"and on (job_name, rank) {_lasted(cfg, end, outside_record(cfg))}")
@@ -229,7 +227,7 @@ def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- what the page says
 #: How each departure is told in a page (template text).
 _PHRASES = {
-    "waited_for": "stopped stepping between steps",
+    "waited_for": "stopped stepping",
     "stopped": "was stopped",
     "unresponsive": "stopped answering",
     "failed": "failed",
@@ -239,8 +237,8 @@ _PHRASES = {
 }
 #: How the culprit left while it lived, in its own page.
 _CULPRIT_PHRASES = {
-    "waited_for": "it stopped stepping between steps (its data loader, host code or I/O) while "
-                  "the others waited inside the next step",
+    "waited_for": "it stopped stepping while the others waited for it in a later step (its "
+                  "data loader, host code or I/O)",
     "stopped": "its process is stopped (SIGSTOP, a debugger, a frozen host)",
     "unresponsive": "its /metrics stopped answering (a held GIL, a frozen process)",
 }
@@ -329,20 +327,19 @@ def stalled_ranks(cfg: RulesConfig) -> str:
             f"unless on (job_name, rank) ({done} >= 1)")
 
 
-def _held_position(cfg: RulesConfig) -> tuple[str, str]:
-    """(behind, running) for the stall page when no rank has left yet: ranks behind the others
-    in steps, as last scraped."""
-    running = f"({_held(cfg, 'mindformers_train_status')} == {STATUS_RUNNING})"
+def behind_ranks(cfg: RulesConfig) -> str:
+    """Ranks behind another rank of their job in steps, as last scraped: a rank's place is its
+    last completed step, + 0.5 inside the next one (without the step begin timestamp, an older
+    exporter, between steps). The others' places count however they ended (a waiting rank that
+    timed out inside step N + 1 was ahead)."""
     step = _held(cfg, "mindformers_train_step")
     begin = _held(cfg, "mindformers_train_step_begin_timestamp_seconds")
     end = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
     position = (f"{step}\n+ on (job_name, rank)\n"
                 f"(\n  0.5 * ({begin} > bool on (job_name, rank) {end})\n"
-                f"  or on (job_name, rank)\n  0 * {step}\n)\n"
-                f"and on (job_name, rank) {running}")
-    behind = (f"(\n{indent(position)}\n)\n< on (job_name) group_left ()\n"
-              f"max by (job_name) (\n{indent(position)}\n)")
-    return behind, running
+                f"  or on (job_name, rank)\n  0 * {step}\n)")
+    return (f"(\n{indent(position)}\n)\n< on (job_name) group_left ()\n"
+            f"max by (job_name) (\n{indent(position)}\n)")
 
 
 def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
@@ -355,7 +352,8 @@ def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     # a rank of the job left for good: the waiting ranks' time-out, the launcher's kill
     consequence = f"max by (job_name) ({DEPARTURES}{{{_hows(TERMINAL)}}})"
     waiting = f"min by (job_name, rank) ({CULPRIT}{{{_hows(WAITING)}}})"
-    behind, _ = _held_position(cfg)
+    behind = (f"{behind_ranks(cfg)}\nand on (job_name, rank) "
+              f"({_held(cfg, 'mindformers_train_status')} == {STATUS_RUNNING})")
     context = _culprit_text(cfg)
     exit_info = m("mfotel_node_rank_exit_info", FAILED_CAUSES)
     how = ('{{ if eq $labels.cause "signal" }}killed by signal {{ $labels.signal }} '

@@ -83,7 +83,7 @@ def test_a_hang_with_mindsporess_time_out_pages_the_hung_rank_once_with_its_stac
             assert page.labels["rank"] == "1", page.labels
             pages[name] = page
         description = pages["shipped"].annotations["description"]
-        assert "it stopped stepping between steps" in description, description
+        assert "it stopped stepping while the others waited for it" in description, description
         assert "After it: rank 0 failed" in description, description
         body = _stacks(pages["shipped"].annotations["stacks_url"])
         assert "__getitem__" in body and "faulty_dp.py" in body, body[:2000]

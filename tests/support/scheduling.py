@@ -30,9 +30,11 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: The whole-job tests: a multi-rank job and its Prometheus and Alertmanager each, 1-4 minutes.
 WHOLE_JOB = frozenset({
+    "tests/e2e/test_cascades_msrun.py",
     "tests/e2e/test_cluster_sim_e2e.py",
     "tests/e2e/test_job_truth_msrun.py",
     "tests/e2e/test_node_agent_msrun.py",
+    "tests/e2e/test_stacks_msrun.py",
 })
 #: Modules whose tests share no module-scoped fixture, each test a job of its own: the
 #: whole-job tests, and the promtool runs of every rule setting (13-20 CPU-seconds each; as one
