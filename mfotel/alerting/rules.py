@@ -241,7 +241,12 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                f"== {STATUS_COMPLETED})\n"
                f"  ))\n)\n"
                f"and on (job_name) ({RANKS_RUNNING} > 0)\n"
-               f"unless on (job_name) {FIRST}",
+               f"unless on (job_name) {FIRST}\n"
+               # a rank seen running is gone now: its departure is recorded at the cascade
+               # group's next evaluation, and its page names it
+               f"unless on (job_name) (\n"
+               f"  last_over_time({status}[{cfg.rank_down_lookback}]) == {STATUS_RUNNING}\n"
+               f"  unless on (job_name, rank) {status}\n)",
                cfg.ranks_missing_for, "critical",
                "A job has fewer ranks reporting than its world size.",
                f"{JOB} has "

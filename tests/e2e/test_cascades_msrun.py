@@ -21,6 +21,8 @@ import os
 import signal
 import time
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,10 +36,17 @@ HANG_STEP = 30
 SHIPPED_STALL = dataclasses.replace(JOB_RULES, stall_seconds=900, stall_for="2m")
 #: A short stall threshold, as an operator of short steps would set it.
 SHORT_STALL = dataclasses.replace(JOB_RULES, stall_seconds=10, stall_for="3s")
-#: The shipped Alertmanager's group_interval for critical alerts: a second notification of a
-#: group that changed comes this long after the first.
-CRITICAL_GROUP_INTERVAL = 60.0
+#: The critical route's group_interval in these tests (1m as shipped): a second notification
+#: of a group that changed comes this long after the first, so a shorter one shows a second
+#: page of an incident sooner (the routes, group_wait and inhibitions are as shipped).
+CRITICAL_GROUP_INTERVAL = 15.0
 LONG_TIMEOUT = {"MS_NODE_TIMEOUT": "300"}
+
+
+def _job(workdir: Path, fault: str, **options: Any) -> FaultyJob:
+    """A FaultyJob (tests/support/jobtruth.py) with this module's critical group_interval."""
+    return FaultyJob(workdir, fault, critical_group_interval=f"{CRITICAL_GROUP_INTERVAL:g}s",
+                     **options)
 
 
 def _say(name: str, **figures: object) -> None:
@@ -68,12 +77,38 @@ def _only_the_culprit(watch: AlertWatch, rank: str, job: FaultyJob) -> None:
 
 
 # ---------------------------------------------------------------- a rank blocks in its loader
+def test_a_hang_past_a_long_time_out_pages_once_before_and_nothing_after(tmp_path):
+    """`MS_NODE_TIMEOUT=300`: with a short stall threshold the stall pages rank 1 first; 5
+    minutes later rank 0 times out and msrun kills rank 1: nothing more pages. With the shipped
+    threshold the time-out is what pages, naming rank 1."""
+    with _job(tmp_path, "hang", fault_at=HANG_STEP, seconds=3600, launcher=True,
+                   rules=SHORT_STALL, also={"shipped": SHIPPED_STALL}, env=LONG_TIMEOUT,
+                   step_sleep=0.05) as job:
+        short, shipped = job.watch(), job.watch(job.stacks["shipped"])
+        job.wait_running()
+        [first] = job.wait_notified("MindFormersTrainingStalled", 180)
+        assert first.labels["rank"] == "1"
+        assert "After it" not in first.annotations["description"], "nothing timed out yet"
+        assert "__getitem__" in _stacks(first.annotations["stacks_url"])
+        [late] = job.wait_notified("MindFormersTrainingStalled", 600, job.stacks["shipped"])
+        assert late.labels["rank"] == "1"
+        assert "After it: rank 0 failed" in late.annotations["description"]
+        _quiet_after_the_end(job)
+        assert job.pages() == [[("MindFormersTrainingStalled", "1")]], job.pages()
+        assert job.pages(job.stacks["shipped"]) == [[("MindFormersTrainingStalled", "1")]]
+        _only_the_culprit(short, "1", job)
+        _only_the_culprit(shipped, "1", job)
+        _say("hang, MS_NODE_TIMEOUT=300",
+             stall_page_after_start_s=round(first.received_at - job.started, 1),
+             time_out_page_after_start_s=round(late.received_at - job.started, 1))
+
+
 def test_a_hang_with_mindsporess_time_out_pages_the_hung_rank_once_with_its_stacks(tmp_path):
     """Rank 1 blocks forever in its dataset's `__getitem__` after step 29; rank 0 waits inside
     step 30 until MindSpore's collective gives up (30 s), fails, and msrun kills rank 1. Both
     stall thresholds: one page naming rank 1 ("After it: rank 0 failed ..."), whose stacks link
     shows the blocking frame."""
-    with FaultyJob(tmp_path, "hang", fault_at=HANG_STEP, seconds=3600, launcher=True,
+    with _job(tmp_path, "hang", fault_at=HANG_STEP, seconds=3600, launcher=True,
                    rules=SHIPPED_STALL, also={"short": SHORT_STALL}, step_sleep=0.05) as job:
         shipped, short = job.watch(), job.watch(job.stacks["short"])
         job.wait_running()
@@ -100,35 +135,9 @@ def test_a_hang_with_mindsporess_time_out_pages_the_hung_rank_once_with_its_stac
              description=description)
 
 
-def test_a_hang_past_a_long_time_out_pages_once_before_and_nothing_after(tmp_path):
-    """`MS_NODE_TIMEOUT=300`: with a short stall threshold the stall pages rank 1 first; 5
-    minutes later rank 0 times out and msrun kills rank 1: nothing more pages. With the shipped
-    threshold the time-out is what pages, naming rank 1."""
-    with FaultyJob(tmp_path, "hang", fault_at=HANG_STEP, seconds=3600, launcher=True,
-                   rules=SHORT_STALL, also={"shipped": SHIPPED_STALL}, env=LONG_TIMEOUT,
-                   step_sleep=0.05) as job:
-        short, shipped = job.watch(), job.watch(job.stacks["shipped"])
-        job.wait_running()
-        [first] = job.wait_notified("MindFormersTrainingStalled", 180)
-        assert first.labels["rank"] == "1"
-        assert "After it" not in first.annotations["description"], "nothing timed out yet"
-        assert "__getitem__" in _stacks(first.annotations["stacks_url"])
-        [late] = job.wait_notified("MindFormersTrainingStalled", 600, job.stacks["shipped"])
-        assert late.labels["rank"] == "1"
-        assert "After it: rank 0 failed" in late.annotations["description"]
-        _quiet_after_the_end(job)
-        assert job.pages() == [[("MindFormersTrainingStalled", "1")]], job.pages()
-        assert job.pages(job.stacks["shipped"]) == [[("MindFormersTrainingStalled", "1")]]
-        _only_the_culprit(short, "1", job)
-        _only_the_culprit(shipped, "1", job)
-        _say("hang, MS_NODE_TIMEOUT=300",
-             stall_page_after_start_s=round(first.received_at - job.started, 1),
-             time_out_page_after_start_s=round(late.received_at - job.started, 1))
-
-
 def test_four_ranks_page_the_hung_rank_only(tmp_path):
     """Rank 2 of 4 hangs; ranks 0, 1 and 3 wait, time out and are killed: one page, rank 2."""
-    with FaultyJob(tmp_path, "hang", ranks=4, fault_rank=2, fault_at=HANG_STEP, seconds=3600,
+    with _job(tmp_path, "hang", ranks=4, fault_rank=2, fault_at=HANG_STEP, seconds=3600,
                    launcher=True, rules=SHIPPED_STALL, step_sleep=0.05) as job:
         seen = job.watch()
         job.wait_running()
@@ -146,7 +155,7 @@ def test_a_stopped_rank_is_named_as_stopped_when_the_job_times_out(tmp_path):
     """SIGSTOP of rank 1 (a debugger, a frozen host), MindSpore's defaults: its /metrics goes
     silent, MindSpore's scheduler gives up on it and ends rank 0 (which of the two paths
     MindSpore takes first is a race); one page names rank 1 as stopped, none names no rank."""
-    with FaultyJob(tmp_path, "none", launcher=True, rules=SHIPPED_STALL,
+    with _job(tmp_path, "none", launcher=True, rules=SHIPPED_STALL,
                    also={"short": SHORT_STALL}, step_sleep=0.05) as job:
         shipped, short = job.watch(), job.watch(job.stacks["short"])
         job.wait_running(seconds=5)
@@ -172,7 +181,7 @@ def test_a_stopped_rank_past_a_long_time_out_pages_once_and_resumes(tmp_path):
     """SIGSTOP with `MS_NODE_TIMEOUT=300` and a short stall threshold: the stall pages rank 1
     as stopped (not the job without a rank, and the node agent's warning is no longer the only
     alert naming it); SIGCONT a minute later: training goes on and the page resolves."""
-    with FaultyJob(tmp_path, "none", launcher=True, rules=SHORT_STALL, env=LONG_TIMEOUT,
+    with _job(tmp_path, "none", launcher=True, rules=SHORT_STALL, env=LONG_TIMEOUT,
                    step_sleep=0.05) as job:
         seen = job.watch()
         job.wait_running(seconds=5)
@@ -203,7 +212,7 @@ def test_an_exception_pages_its_rank_not_the_ranks_killed_after_it(tmp_path, lau
     One page, MindFormersRankFailed for rank 1 (its exit code under the launcher, rank 0's
     SIGKILL and vanishing: context)."""
     trigger = tmp_path / "raise-now"
-    with FaultyJob(tmp_path, "raise", trigger=trigger, launcher=launcher,
+    with _job(tmp_path, "raise", trigger=trigger, launcher=launcher,
                    step_sleep=0.05, linger_seconds=5) as job:
         seen = job.watch()
         job.wait_running(seconds=3)
@@ -226,7 +235,7 @@ def test_a_clean_finish_with_long_end_work_pages_nobody(tmp_path):
     """Rank 0 spends longer in its end work (a final checkpoint save in on_train_end) than
     ranks_missing_for after rank 1 completed and left: nobody is missing, nothing pages."""
     end_work = 2 * 20 + 10   # JOB_RULES.ranks_missing_for is 20s
-    with FaultyJob(tmp_path, "none", steps=600, step_sleep=0.05, end_work=end_work,
+    with _job(tmp_path, "none", steps=600, step_sleep=0.05, end_work=end_work,
                    end_work_rank=0, linger_seconds=5) as job:
         seen = job.watch()
         wait_for(job.processes_gone, settle(300 + end_work), 1.0, "the job completed",
@@ -245,7 +254,7 @@ def test_the_nan_origin_stays_over_the_jobs_end(tmp_path):
     start to end, never rank 0, in Prometheus too (ALERTS: dashboards, a second
     Alertmanager)."""
     trigger = tmp_path / "nan-now"
-    with FaultyJob(tmp_path, "nan", trigger=trigger, steps=400, step_sleep=0.1,
+    with _job(tmp_path, "nan", trigger=trigger, steps=400, step_sleep=0.1,
                    end_work=20, end_work_rank=0, linger_seconds=5) as job:
         seen = job.watch()
         job.wait_running(seconds=5)

@@ -189,7 +189,8 @@ def test_msrun_alone_leaves_its_workers_running_on_sigterm(prometheus, msrun_job
 @pytest.mark.slow
 def test_msrun_alone_kills_its_workers_on_sigint_and_they_page(prometheus, msrun_job):
     """Ctrl-C to msrun without mfotel-instrument passing it on: msrun SIGKILLs the ranks
-    (they never report cancelled), exits 0, and both ranks page MindFormersRankDown."""
+    (they never report cancelled), exits 0, and the job pages MindFormersRankDown (for the
+    rank seen leaving first: both vanish within a scrape, so which one is not told)."""
     prom, base = prometheus
     job = msrun_job(base, "--exec")
     both_running(prom, job)
@@ -198,8 +199,8 @@ def test_msrun_alone_kills_its_workers_on_sigint_and_they_page(prometheus, msrun
     assert job.wait(timeout=60) == 0
     wait_for(lambda: not any(running(pid) for pid in workers), settle(), message="the ranks killed")
     firing = f'ALERTS{{alertname="MindFormersRankDown", alertstate="firing", job_name="{JOB}"}}'
-    alerts = wait_for(lambda: len(prom.query(firing)) == 2 and prom.query(firing),
-                      settle(INTERVAL, RANK_DOWN_FOR, INTERVAL),
-                      message="MindFormersRankDown firing for both ranks")
+    alerts = wait_for(lambda: prom.query(firing), settle(INTERVAL, RANK_DOWN_FOR, INTERVAL),
+                      message="MindFormersRankDown firing")
     assert {a["metric"]["severity"] for a in alerts} == {"critical"}
+    assert {a["metric"]["rank"] for a in alerts} <= {"0", "1"}
     assert statuses(prom) == {"0": contract.STATUS_RUNNING, "1": contract.STATUS_RUNNING}

@@ -87,7 +87,8 @@ class FaultyJob:
                  job_name: str = "jt", fast_path: bool = False, join: bool = True,
                  rules: RulesConfig = JOB_RULES, env: dict[str, str] | None = None,
                  steps: int = STEPS, launcher: bool = False,
-                 also: dict[str, RulesConfig] | None = None, **options: Any) -> None:
+                 also: dict[str, RulesConfig] | None = None,
+                 critical_group_interval: str | None = None, **options: Any) -> None:
         """`join=False`: msrun starts the job and returns, leaving the ranks alone (with
         `--join=True` it SIGKILLs every rank as soon as one exits with an error). `env`: more
         environment for msrun and its ranks (MindSpore's own settings, e.g. MS_NODE_TIMEOUT).
@@ -95,7 +96,9 @@ class FaultyJob:
         ranks' monitor settings), whose node agent serves the node endpoint on the ranks'
         port - 1 and writes its file_sd target beside rank 0's. `also`: more stacks (own
         Prometheus, Alertmanager and webhook) watching the same job with other rules, by name
-        (`stacks[name]`; the main one is `stack`).
+        (`stacks[name]`; the main one is `stack`). `critical_group_interval`: the shipped
+        routes but the critical route's `group_interval` (a group that changes notifies again
+        that much later: shorter, a second page of an incident shows sooner).
         `options`: faulty_dp.py's other flags (seconds=1.0 is `--seconds 1.0`)."""
         self.workdir, self.fault, self.ranks = workdir, fault, ranks
         self.fault_rank, self.job_name, self.fast_path = fault_rank, job_name, fast_path
@@ -108,6 +111,9 @@ class FaultyJob:
         self.stack = SimStack(workdir, workdir / "targets" / "*.json", INTERVAL, rules)
         self.stacks = {name: SimStack(workdir / f"stack-{name}", workdir / "targets" / "*.json",
                                       INTERVAL, more) for name, more in (also or {}).items()}
+        if critical_group_interval is not None:
+            for stack in (self.stack, *self.stacks.values()):
+                set_critical_group_interval(stack, critical_group_interval)
         self._watchers: list[AlertWatch] = []
         self.msrun: subprocess.Popen | None = None
         self.started = 0.0
@@ -315,6 +321,18 @@ class FaultyJob:
         return [[(a.alertname, a.labels.get("rank")) for a in call]
                 for call in self.notifications(stack=stack)
                 if call[0].labels.get("severity") == "critical"]
+
+
+def set_critical_group_interval(stack: SimStack, interval: str) -> None:
+    """The shipped Alertmanager config of `stack` (not started yet) with another
+    `group_interval` on the critical route."""
+    config = yaml.safe_load(stack.files["alertmanager"])
+    critical = ['severity = "critical"']
+    routes = [r for r in config["route"]["routes"] if r.get("matchers") == critical]
+    assert len(routes) == 1, "the shipped config's critical route moved"
+    routes[0]["group_interval"] = interval
+    stack.files["alertmanager"] = yaml.safe_dump(config, sort_keys=False)
+    stack.am_config = config
 
 
 class AlertWatch:
