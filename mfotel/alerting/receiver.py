@@ -86,14 +86,17 @@ class InsecureReceiverError(ValueError):
 def receiver_limits(max_connections: int = DEFAULT_MAX_CONNECTIONS,
                     per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
                     header_seconds: float = DEFAULT_HEADER_SECONDS,
-                    request_seconds: float = DEFAULT_REQUEST_SECONDS) -> Limits:
-    """The endpoint limits of a receiver (mfotel.endpoint.server explains each one)."""
+                    request_seconds: float = DEFAULT_REQUEST_SECONDS,
+                    read_body_bytes: int = 0) -> Limits:
+    """The endpoint limits of a receiver (mfotel.endpoint.server explains each one).
+    `read_body_bytes`: bodies the server reads before the app (a receiver without
+    credentials: the app would read them for anyone)."""
     return Limits(max_connections=max_connections,
                   max_connections_per_client=min(per_client, max_connections),
                   reserved=max_connections // 4,  # room for requests past their head
                   request_timeout=request_seconds, header_timeout=header_seconds,
                   max_head_bytes=2 * MAX_SECRET_BYTES,  # a bearer token fits
-                  drain_bytes=DRAIN_LIMIT_BYTES, backlog=64,
+                  drain_bytes=DRAIN_LIMIT_BYTES, backlog=64, read_body_bytes=read_body_bytes,
                   # failures rank whose connection is closed first, but never lock an
                   # address out: Alertmanager may share it with a misbehaving client
                   close_failing_clients=False)
@@ -123,8 +126,12 @@ class AlertsReceiver:
         self.jsonl_path = Path(jsonl_path) if jsonl_path else None
         self.out, self.err, self.verbose = out, err, verbose
         self.max_body_bytes, self.request_seconds = max_body_bytes, request_seconds
+        # without credentials the app reads any client's body: the server reads it first, so
+        # that a body declared and never sent holds no worker (with credentials, a refusal
+        # comes before the body, and only verified clients' bodies are read by the app)
         self.limits = receiver_limits(max_connections, max_connections_per_client,
-                                      header_seconds, request_seconds)
+                                      header_seconds, request_seconds,
+                                      max_body_bytes if auth is None else 0)
         self.alerts: deque[ReceivedAlert] = deque()
         self.notifications = 0
         self.rejected: Counter[int] = Counter()   # status code -> requests answered with it
@@ -373,8 +380,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     limits.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         metavar="N",
                         help="open connections at most (a quarter kept for requests past their "
-                             "head); at the cap the oldest idle one of the client holding the "
-                             "most is closed (default: %(default)s)")
+                             "head); at the cap a draining or idle one of the client holding the "
+                             "most is closed first (default: %(default)s)")
     limits.add_argument("--max-connections-per-client", type=int,
                         default=DEFAULT_MAX_CONNECTIONS_PER_CLIENT, metavar="N",
                         help="open connections from one address (IPv6: one /64) at most "

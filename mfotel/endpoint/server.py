@@ -7,29 +7,48 @@ few daemon worker threads that call the WSGI app; the app reads a request body (
 in its worker, within the request deadline.
 
 A connection is *waiting* from its accept until its request head is complete (TLS handshake
-included): its client has not shown credentials yet. It is then *at the app* (authentication
-and the answer are computed; the limits never close it), then *answering* (the client takes
-the answer). The limits (`Limits`):
+included): its client has not shown credentials yet. It is *idle* while it has sent nothing
+(no byte read, none in the kernel's buffer), *started* once bytes came. It is then *at the app*
+(authentication and the answer are computed; the limits never close it), then *answering*
+(the client takes the answer), then *draining* (the answer is out; what is left of a body the
+app did not read is read and dropped). The limits (`Limits`):
 
 - at most `max_connections` connections accepted and not yet closed, counted exactly (each is
   one file descriptor; connections the kernel has completed but the process has not accepted
   yet wait in the listen backlog, outside the cap). At the cap a new connection takes the place
   of a waiting or answering one (the victim rule below) before it is accepted; when every place
   is at the app, it is closed as soon as accepted;
-- at most `max_connections_per_client` of them from one client (an IPv4 address, an IPv6 /64):
-  beyond it the client's own oldest waiting or answering connection makes room, or the new one
-  is closed;
+- at most `max_connections_per_client` of them from one client (an IPv4 address, an IPv6 /64)
+  outside the app (waiting, answering or draining): beyond it one of the client's own makes
+  room (the victim rule below), or the new one is closed. Connections at the app do not count:
+  the app answers them in a moment, and an attacker cycling requests through the app (a 401
+  costs it nothing) would otherwise fill the share of an address it shares with a legitimate
+  client;
 - `reserved` places are kept for requests past their head: waiting connections never hold more
   than `max_connections - reserved`; beyond that a waiting one (victim rule) is closed;
-- the victim: a waiting connection before an answering one; among them, one of the client
-  holding the most; among such clients, the one with the most recent failures (see below); then
-  the oldest. A flood from many addresses thus closes its own connections, not a scraper's;
+- the victim, by what closing it costs: a draining connection (its answer is out), then an idle
+  waiting one (older than IDLE_GRACE_SECONDS), then a started waiting one, then a young idle
+  one, then one answering a request without verified
+  credentials; never one at the app, nor one answering an authenticated request (when only
+  such places are left, the newcomer is closed). Within each kind: one of the client holding
+  the most; among such clients, the one with the most recent failures (see below); then the
+  oldest. A flood from many addresses thus closes its own connections, not a scraper's; a
+  client sharing an address with idle sockets (Alertmanager on the attacker's host) keeps its
+  connection: it sent its request at once, and the idle ones go first;
 - the TLS handshake and request head must arrive within `header_timeout` of the accept (before
   any authentication), the body within `request_timeout` of the accept, and the answer must be
   taken within `request_timeout` of its start (idle sockets, slowloris, stalled readers);
+- a body of at most `read_body_bytes` (0: none; an app that reads bodies without asking for
+  credentials first, e.g. a receiver without them) is read by the server before the app is
+  called, the connection still waiting (closable, no worker held), within `header_timeout`
+  plus its declared length at `min_body_rate` of the accept (at most `request_timeout`):
+  a client that declares a body and never sends it cannot hold the app's workers;
 - request heads of at most `max_head_bytes` (431); one request per connection
-  (`Connection: close`); a body the app did not read is read and dropped (up to `drain_bytes`)
-  so that the client gets the answer instead of a reset;
+  (`Connection: close`); a body the app did not read (a refusal, the liveness answer) is read
+  and dropped after the answer only while it keeps coming: at most `drain_idle` seconds
+  between its bytes, up to `drain_bytes`, within `request_timeout` of the answer, so that a
+  client still sending gets the answer instead of a reset, and one that declared a body it
+  never sends holds no place (a declared length is a promise, not a reason to wait);
 - a client whose connections end in failures (4xx/5xx answers to unauthenticated requests,
   timeouts, evictions, failed handshakes) more than `client_error_burst` times, then more than
   `client_errors_per_second`, has its new connections closed as soon as accepted, before any
@@ -80,7 +99,10 @@ DRAIN_SECONDS = 1.0
 #: Connections accepted per readiness of the listening socket, so that reads and writes of
 #: connections already open are served in between under a flood.
 ACCEPT_BATCH = 32
-WAITING, AT_APP, ANSWERING = "waiting", "at app", "answering"
+#: An idle connection younger than this is closed for a newcomer only after the started ones:
+#: a client's request may still be on its way (its connect completes before its first write).
+IDLE_GRACE_SECONDS = 0.5
+WAITING, AT_APP, ANSWERING, DRAINING = "waiting", "at app", "answering", "draining"
 #: The path of the liveness probe (mfotel-instrument's node agent), answered by the server.
 LIVENESS_PATH = "/-/mfotel-liveness"
 
@@ -97,6 +119,9 @@ class Limits:
     workers: int = 4
     max_head_bytes: int = 8192
     drain_bytes: int = 1 << 20
+    drain_idle: float = 1.0
+    read_body_bytes: int = 0
+    min_body_rate: float = float(1 << 20)
     backlog: int = 128  # socketserver's 5 drops bursts of scrapers
     client_errors_per_second: float = 1.0
     client_error_burst: int = 20
@@ -107,7 +132,8 @@ class Limits:
             raise ValueError("max_connections must be >= 1 and 0 <= reserved < max_connections")
         if self.max_connections_per_client is not None and self.max_connections_per_client < 1:
             raise ValueError("max_connections_per_client must be >= 1")
-        if not self.request_timeout > 0 or not (self.header_timeout or 1) > 0:
+        if not self.request_timeout > 0 or not (self.header_timeout or 1) > 0 \
+                or not self.drain_idle > 0 or not self.min_body_rate > 0:
             raise ValueError("timeouts must be > 0")
 
     @property
@@ -130,7 +156,7 @@ class _Connection:
     """One accepted socket and where it is in its lifecycle."""
 
     __slots__ = ("sock", "fd", "client", "accepted", "state", "task", "timer", "closed",
-                 "answered_ok", "trusted", "buffer", "body_left", "expect_continue")
+                 "answered_ok", "trusted", "started", "buffer", "body_left", "expect_continue")
 
     def __init__(self, sock: socket.socket, client: str) -> None:
         self.sock, self.fd, self.client = sock, sock.fileno(), client
@@ -138,6 +164,7 @@ class _Connection:
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.closed = self.answered_ok = self.trusted = self.expect_continue = False
+        self.started = False  # bytes came from the client (WAITING: started, not idle)
         self.buffer = b""   # bytes read past the request head (the start of the body)
         self.body_left = 0  # body bytes not read yet; -1: chunked, unknown
 
@@ -148,6 +175,13 @@ def _plain(status: str) -> Response:
 
 #: The server's own answer on LIVENESS_PATH.
 _ALIVE: Response = ("200 OK", [("Content-Type", "text/plain; charset=utf-8")], b"alive\n")
+
+
+def _readable(conn: _Connection) -> bool:
+    """Whether bytes (or the client's close) wait in the kernel's buffer of `conn`, unread."""
+    poller = select.poll()
+    poller.register(conn.fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _is_liveness(request: Environ) -> bool:
@@ -271,7 +305,7 @@ class Server:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._open: dict[_Connection, None] = {}  # in admission order: the oldest first
-        self._held: Counter[str] = Counter()      # client -> its open connections
+        self._held: Counter[str] = Counter()      # client -> its connections not at the app
         self._waiting = 0                         # open connections in the WAITING state
         self._workers: _Workers | None = None
         self._errors = Buckets(limits.client_errors_per_second, limits.client_error_burst)
@@ -320,7 +354,8 @@ class Server:
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self.socket.fileno())
         self.socket.close()
-        busy = {c.task for c in self._open if c.state != WAITING and c.task is not None}
+        busy = {c.task for c in self._open
+                if c.state in (AT_APP, ANSWERING) and c.task is not None}
         if busy:
             await asyncio.wait(busy, timeout=DRAIN_SECONDS)
         tasks = [c.task for c in self._open if c.task is not None]
@@ -332,12 +367,16 @@ class Server:
 
     # ------------------------------------------------------------------ admission
     def _accept(self) -> None:
-        """The listening socket is readable: accept a batch of connections."""
+        """The listening socket is readable: accept a batch of connections; under pressure
+        (an admission closed another connection) one, so that the loop reads the connections
+        just admitted before another newcomer may take their place: a client that sent its
+        request at once is at the app by then, never closed for a newcomer of its address."""
         for _ in range(ACCEPT_BATCH):
+            evicted = self.evicted
             if len(self._open) >= self.limits.max_connections:
                 if not self._listening.poll(0):
                     return
-                victim = self._victim(c for c in self._open if c.state != AT_APP)
+                victim = self._victim(self._open)
                 if victim is not None:  # closed before the accept: never one over the cap
                     self._evict(victim)
             try:
@@ -357,6 +396,8 @@ class Server:
                 self.on_error("server")
                 self._warn_once("admit", "mfotel: %s dropped a connection (%s: %s)", self.name,
                                 type(exc).__name__, exc)
+            if self.evicted != evicted:
+                return
 
     def _admit(self, sock: socket.socket, peer: Any) -> None:
         """Serve `sock` unless the cap, its client's share or its client's failures say no."""
@@ -367,8 +408,7 @@ class Server:
             sock.close()
             return
         if self._held[client] >= self.limits.per_client:
-            victim = next((c for c in self._open if c.client == client and c.state != AT_APP),
-                          None)
+            victim = self._victim(c for c in self._open if c.client == client)
             if victim is None:
                 self.refused += 1
                 sock.close()
@@ -381,19 +421,40 @@ class Server:
         sock.setblocking(False)
         conn = _Connection(sock, client)
         self._open[conn] = None
-        self._held[client] += 1
+        self._hold(client, 1)
         self._waiting += 1
         conn.timer = self._loop.call_at(self._loop.time() + self.limits.head_seconds,
                                         self._expire, conn)
         conn.task = self._loop.create_task(self._serve(conn))
 
     def _victim(self, candidates: Iterable[_Connection]) -> _Connection | None:
-        """Waiting before answering; then a client holding the most of them; then, among such
-        clients, the one with the fewest failure tokens left; then the oldest."""
-        pool = list(candidates)
-        pool = [c for c in pool if c.state == WAITING] or pool
-        if not pool:
-            return None
+        """The connection whose closing costs least (the module docstring): draining, idle
+        waiting, started waiting, answering without credentials; never at the app or answering
+        an authenticated request. None when no candidate may be closed."""
+        pool = [c for c in candidates
+                if c.state != AT_APP and not (c.state == ANSWERING and c.trusted)]
+        draining = [c for c in pool if c.state == DRAINING]
+        if draining:
+            return self._pick(draining)
+        waiting = [c for c in pool if c.state == WAITING]
+        # an idle connection younger than IDLE_GRACE_SECONDS may be a client whose request is
+        # on its way (accepted before its first write): it goes after the started ones
+        young = time.monotonic() - IDLE_GRACE_SECONDS
+        idle = [c for c in waiting if not c.started]
+        for group in ([c for c in idle if c.accepted <= young],
+                      [c for c in waiting if c.started],
+                      [c for c in idle if c.accepted > young]):
+            while group:
+                victim = self._pick(group)
+                if victim.started or not _readable(victim):
+                    return victim
+                victim.started = True  # its request is in the kernel's buffer, not read yet
+                group.remove(victim)
+        return self._pick(pool) if pool else None
+
+    def _pick(self, pool: list[_Connection]) -> _Connection:
+        """A connection of the client holding the most of `pool`; among such clients, the one
+        with the fewest failure tokens left; then the oldest."""
         held = Counter(c.client for c in pool)
         most = max(held.values())
         heavy = {client for client, count in held.items() if count == most}
@@ -420,11 +481,18 @@ class Server:
         if conn.closed:
             raise _Closed
         self._waiting += (state == WAITING) - (conn.state == WAITING)
+        if (state == AT_APP) != (conn.state == AT_APP):
+            self._hold(conn.client, -1 if state == AT_APP else 1)
         conn.state = state
         if conn.timer is not None:
             conn.timer.cancel()
         conn.timer = None if seconds is None else self._loop.call_at(
             self._loop.time() + seconds, self._expire, conn)
+
+    def _hold(self, client: str, change: int) -> None:
+        self._held[client] += change
+        if not self._held[client]:
+            del self._held[client]
 
     def _close(self, conn: _Connection) -> None:
         """Close `conn` now (in the loop): unregistered from the selector, then the socket
@@ -438,9 +506,8 @@ class Server:
         self._loop.remove_writer(conn.fd)
         conn.sock.close()
         del self._open[conn]
-        self._held[conn.client] -= 1
-        if not self._held[conn.client]:
-            del self._held[conn.client]
+        if conn.state != AT_APP:
+            self._hold(conn.client, -1)
         if conn.state == WAITING:
             self._waiting -= 1
         if not conn.answered_ok:
@@ -462,6 +529,8 @@ class Server:
                 response, head_only = _ALIVE, request["REQUEST_METHOD"] == "HEAD"
                 trusted = False  # a 2xx: answered_ok, never a failure
             elif isinstance(request, dict):
+                if 0 < conn.body_left <= limits.read_body_bytes:
+                    request["wsgi.input"] = io.BytesIO(await self._read_whole_body(conn))
                 self._set_state(conn, AT_APP, None)
                 response = await self._workers.submit(self._loop,
                                                       lambda: self._call_app(request))
@@ -469,12 +538,14 @@ class Server:
                 trusted = bool(request.get(AUTHENTICATED))
             else:
                 response, head_only, trusted = _plain(request), False, False
+            conn.trusted = trusted
             self._set_state(conn, ANSWERING, limits.request_timeout)
+            answer_deadline = self._loop.time() + limits.request_timeout
             await self._send(conn, self._encode(response, head_only))
             if isinstance(request, dict):
                 self._tell_sent(request, conn)
             conn.answered_ok = response[0][:1] in "23" or trusted
-            await self._drain(conn)
+            await self._drain(conn, answer_deadline)
             if isinstance(conn.sock, ssl.SSLSocket):
                 with contextlib.suppress(OSError, ValueError):  # close_notify, best effort
                     conn.sock.unwrap()
@@ -516,13 +587,16 @@ class Server:
                 return
             except ssl.SSLWantReadError:
                 await self._wait(conn, writable=False)
+                conn.started = True
             except ssl.SSLWantWriteError:
                 await self._wait(conn, writable=True)
 
     async def _recv(self, conn: _Connection, size: int) -> bytes:
         while True:
             try:
-                return conn.sock.recv(size)
+                data = conn.sock.recv(size)
+                conn.started = True
+                return data
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                 await self._wait(conn, writable=False)
             except ssl.SSLWantWriteError:
@@ -597,6 +671,21 @@ class Server:
         environ["wsgi.input"] = io.BufferedReader(_Body(self, conn, deadline))
         return environ
 
+    async def _read_whole_body(self, conn: _Connection) -> bytes:
+        """The declared body, read in the loop before the app (`read_body_bytes`); the
+        connection stays waiting, with a deadline for its length (the module docstring)."""
+        limits = self.limits
+        allowed = min(limits.request_timeout,
+                      limits.head_seconds + conn.body_left / limits.min_body_rate)
+        self._set_state(conn, WAITING, conn.accepted + allowed - time.monotonic())
+        chunks = []
+        while conn.body_left > 0:
+            data = await self._read_body(conn, min(1 << 16, conn.body_left))
+            if not data:
+                break  # the client closed: the app sees a short body
+            chunks.append(data)
+        return b"".join(chunks)
+
     async def _read_body(self, conn: _Connection, size: int) -> bytes:
         """Up to `size` bytes of the body (for `_Body`, in the loop)."""
         if conn.expect_continue:  # the client waits for this before it sends the body
@@ -609,14 +698,20 @@ class Server:
         conn.body_left = conn.body_left - len(data) if data else 0
         return data
 
-    async def _drain(self, conn: _Connection) -> None:
-        """Read and drop what is left of the request body (at most `drain_bytes`), so that
-        closing does not reset a client still sending (it would lose the answer)."""
+    async def _drain(self, conn: _Connection, deadline: float) -> None:
+        """Read and drop what is left of the request body (at most `drain_bytes`, before the
+        loop time `deadline`, at most `drain_idle` s between two reads), so that closing does
+        not reset a client still sending (it would lose the answer). The connection is
+        DRAINING meanwhile: the first one closed when a place is needed."""
         budget, left, tail = self.limits.drain_bytes, conn.body_left, b""
         if left == 0 or conn.expect_continue:  # nothing sent, or not sent until told to
             return
         data, conn.buffer = conn.buffer, b""
         while True:
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return
+            self._set_state(conn, DRAINING, min(self.limits.drain_idle, remaining))
             budget -= len(data)
             if left > 0:
                 left -= len(data)

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from mfotel.endpoint.server import LIVENESS_PATH, Limits, Server
+from mfotel.endpoint.server import IDLE_GRACE_SECONDS, LIVENESS_PATH, Limits, Server
+from mfotel.endpoint.wsgi import AUTHENTICATED
 from tests.support.http import request
 from tests.support.idle_flood import closed_by_peer
 from tests.support.waiting import settle, wait_for
@@ -221,3 +222,168 @@ def test_the_liveness_path_is_answered_by_the_server_and_never_counted_as_a_fail
     with pytest.raises(OSError):  # closed at accept
         call("GET", "/metrics")
     assert calls == ["/metrics", "/metrics"] and srv.refused >= 1
+
+
+def declared(path: str = LIVENESS_PATH, method: str = "GET", length: int = 4_000_000) -> bytes:
+    """A request head declaring a body that is never sent."""
+    return f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode()
+
+
+def read_to_close(sock: socket.socket, timeout: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes, and how long that took."""
+    sock.settimeout(timeout)
+    started, received = time.monotonic(), bytearray()
+    while chunk := sock.recv(1 << 16):
+        received += chunk
+    return bytes(received), time.monotonic() - started
+
+
+@pytest.mark.parametrize("head", [declared(), declared("/ignore", "POST")],
+                         ids=["liveness", "an answer that ignores the body"])
+def test_a_declared_body_that_never_comes_is_not_waited_for(server, head):
+    """Answered at once, the connection was then kept for the body until the request deadline
+    (10 s by default; 30 s here): a reconnecting client without credentials held every place.
+    The body is drained only while it keeps coming (drain_idle, 1 s, between its bytes)."""
+    srv = server(request_timeout=30)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(head)
+        answer, took = read_to_close(sock, timeout=20)
+    assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith((b"alive\n", b"ok"))
+    assert took < 1.0 + 2.0, f"closed {took:.1f} s after the request"
+
+
+def test_a_draining_connection_makes_room_before_a_waiting_one(server):
+    """At the cap, a connection whose answer is out (draining a body that does not come) is
+    closed for a newcomer, not a client that has not sent its request yet."""
+    srv = server(max_connections=2, request_timeout=60, drain_idle=60)
+    draining = socket.create_connection(("127.0.0.1", srv.port), timeout=10,
+                                        source_address=("127.0.0.2", 0))
+    draining.sendall(declared())
+    assert draining.recv(1 << 16).startswith(b"HTTP/1.1 200 OK")   # answered, holding on
+    draining.setblocking(False)
+    waiting = idle(srv.port, "127.0.0.3")
+    newcomer = idle(srv.port, "127.0.0.4")
+    try:
+        wait_for(lambda: closed_by_peer(draining), settle(10), 0.05, "the draining one closed")
+        assert not any(closed_by_peer(s) for s in [*waiting, *newcomer])
+        assert srv.evicted == 1 and srv.open_connections == 2
+    finally:
+        for sock in [draining, *waiting, *newcomer]:
+            sock.close()
+
+
+def test_idle_connections_of_an_address_make_room_before_its_started_request(server):
+    """Alertmanager on the host of a client holding idle sockets shares its address: at the
+    address's share, an idle connection is closed for a newcomer, not the older one whose
+    request is under way."""
+    srv = server(max_connections=10, max_connections_per_client=2, request_timeout=60)
+    started = socket.create_connection(("127.0.0.1", srv.port), timeout=10,
+                                       source_address=("127.0.0.2", 0))
+    started.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n")  # the first part of its head
+    time.sleep(0.05)
+    sockets = idle(srv.port, "127.0.0.2", 1)
+    time.sleep(IDLE_GRACE_SECONDS + 0.1)  # idle, not a request on its way
+    sockets += idle(srv.port, "127.0.0.2", 1)  # closes one of the address's two
+    try:
+        wait_for(lambda: closed_by_peer(sockets[0]), settle(10), 0.05, "the idle one closed")
+        started.sendall(b"Content-Length: 2\r\n\r\nhi")
+        answer, _ = read_to_close(started, timeout=10)
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"\r\n\r\nhi")
+        assert not closed_by_peer(sockets[1]) and srv.evicted == 1
+    finally:
+        for sock in [started, *sockets]:
+            sock.close()
+
+
+def test_a_connection_just_accepted_makes_room_after_started_ones(server):
+    """A client's connect completes before its first write: a connection idle for less than
+    IDLE_GRACE_SECONDS may be Alertmanager's request on its way, and an attacker's partial
+    heads of the same address are closed before it."""
+    srv = server(max_connections=10, max_connections_per_client=2, request_timeout=60)
+    started = socket.create_connection(("127.0.0.1", srv.port), timeout=10,
+                                       source_address=("127.0.0.2", 0))
+    started.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n")  # an attacker's partial head
+    time.sleep(0.05)
+    young = socket.create_connection(("127.0.0.1", srv.port), timeout=10,
+                                     source_address=("127.0.0.2", 0))
+    newcomer = idle(srv.port, "127.0.0.2", 1)  # the address's share is full: one goes
+    try:
+        wait_for(lambda: closed_by_peer(started), settle(10), 0.05, "the started one closed")
+        young.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+        answer, _ = read_to_close(young, timeout=10)
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"\r\n\r\nhi")
+        assert srv.evicted == 1
+    finally:
+        for sock in [started, young, *newcomer]:
+            sock.close()
+
+
+def test_connections_at_the_app_do_not_count_against_their_clients_share(server):
+    """A request at the app is answered in a moment; counted in its address's share, requests
+    cycled through the app (a 401 costs nothing) refused every newcomer of that address."""
+    gate, called = threading.Event(), threading.Event()
+
+    def slow(environ, start_response):
+        called.set()
+        gate.wait(10)
+        return echo(environ, start_response)
+
+    srv = server(slow, max_connections=4, max_connections_per_client=1, request_timeout=60)
+    busy = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    busy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert called.wait(10)  # the request is at the app
+    newcomer = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    try:
+        assert opened(srv, 2)
+        newcomer.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        gate.set()
+        assert all(read_to_close(s, 10)[0].startswith(b"HTTP/1.1 200 OK")
+                   for s in (busy, newcomer))
+        assert srv.refused == 0 and srv.evicted == 0
+    finally:
+        gate.set()
+        busy.close()
+        newcomer.close()
+
+
+def test_an_answer_to_an_authenticated_request_is_never_closed_for_a_newcomer(server):
+    """A verified scraper slow to take a large answer keeps its place; the newcomer is closed."""
+    body = b"m" * (32 << 20)  # more than the socket buffers hold
+
+    def authenticated(environ, start_response):
+        environ[AUTHENTICATED] = True
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [body]
+
+    srv = server(authenticated, max_connections=1, request_timeout=60)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as scraper:
+        scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        scraper.recv(1024)   # its answer is under way, mostly unsent
+        newcomer = socket.create_connection(("127.0.0.1", srv.port), timeout=10,
+                                            source_address=("127.0.0.2", 0))
+        newcomer.setblocking(False)
+        try:
+            wait_for(lambda: closed_by_peer(newcomer), settle(10), 0.05, "the newcomer closed")
+            received, _ = read_to_close(scraper, timeout=30)
+        finally:
+            newcomer.close()
+    assert len(received) + 1024 >= len(body) and received.endswith(b"m" * 1024)
+    assert srv.evicted == 0 and srv.refused == 1
+
+
+def test_a_body_read_before_the_app_holds_no_worker_and_is_cut_at_its_deadline(server):
+    """read_body_bytes: the server reads the body before calling the app, the connection
+    still waiting; a body declared and not sent is cut at header_timeout + length /
+    min_body_rate, and the app's one worker serves the others meanwhile."""
+    srv = server(workers=1, read_body_bytes=1 << 20, header_timeout=1, request_timeout=30,
+                 min_body_rate=1 << 20)
+    stalled = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    stalled.sendall(declared("/", "POST", length=1 << 20))   # 1 s + 1 MiB at 1 MiB/s: 2 s
+    try:
+        reply = request(f"http://127.0.0.1:{srv.port}/", "POST", b"hello")
+        assert (reply.status, reply.body) == (200, b"hello")
+        answer, took = read_to_close(stalled, timeout=20)
+        assert answer == b"" and took < 2 + 2, f"cut {took:.1f} s after the request"
+        assert srv.timed_out == 1
+    finally:
+        stalled.close()
