@@ -27,14 +27,17 @@ service account). The directory's mode is the access control:
   permissions, so every member of the group may write requests and the trainer reads them;
 - rank 0 records who the trainer is (uid, groups) in `schedule.json` at train begin; before
   a request replaces `control.json`, the writer checks that this user can read it, and when
-  it could not, writes nothing and fails naming the file, the trainer's user and the fix.
+  it could not, writes nothing and fails naming the file, the trainer's user and the fix;
+  a writer who may not enter a directory on the path is told which one, its owner, group,
+  mode and the fix (mfotel.actions.ownership.unreachable);
+- training uses the directory only when it is the trainer's and nobody else could write or
+  replace it (mfotel.actions.ownership.check_control_dir, as OpenSSH's StrictModes).
 
 No MindSpore import here: the CLI and the alerts receiver run anywhere.
 """
 from __future__ import annotations
 
 import argparse
-import grp
 import hashlib
 import json
 import math
@@ -55,6 +58,7 @@ from typing import Any, TextIO
 from ..config.keys import LR_FACTOR_RANGE
 from ..regular_file import NotRegularFile, read_regular_file
 from ..subcommand import Subcommand
+from .ownership import group_name, unreachable, user_name
 
 CONTROL_FILE = "control.json"
 SCHEDULE_FILE = "schedule.json"
@@ -179,7 +183,7 @@ class Trainer:
     @classmethod
     def current(cls) -> Trainer:
         uid = os.geteuid()
-        return cls(uid, frozenset({os.getegid(), *os.getgroups()}), _user_name(uid))
+        return cls(uid, frozenset({os.getegid(), *os.getgroups()}), user_name(uid))
 
     @classmethod
     def of_uid(cls, uid: int) -> Trainer:
@@ -209,20 +213,6 @@ class Trainer:
 
 class NotReadableByTrainer(PermissionError):
     """The request would be written where the trainer cannot read it: nothing was written."""
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return ""
-
-
-def _group_name(gid: int) -> str:
-    try:
-        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
-    except KeyError:
-        return f"gid {gid}"
 
 
 def trainer_of(job_dir: Path) -> Trainer | None:
@@ -268,10 +258,10 @@ def _not_readable(path: Path, st: os.stat_result, trainer: Trainer) -> NotReadab
     name = trainer.user or str(trainer.uid)
     return NotReadableByTrainer(
         f"{path} would not be readable by the trainer, {trainer.describe()}: the file would "
-        f"belong to uid {st.st_uid} and group {_group_name(st.st_gid)} with mode "
+        f"belong to uid {st.st_uid} and group {group_name(st.st_gid)} with mode "
         f"{stat.filemode(st.st_mode)}, and the directory {path.parent} is mode "
         f"{stat.filemode(os.stat(path.parent).st_mode)}; nothing was written. Fix: run this as "
-        f"{name}, or add {name} to group {_group_name(st.st_gid)}, or share a control root "
+        f"{name}, or add {name} to group {group_name(st.st_gid)}, or share a control root "
         f"through a group both belong to (chgrp GROUP DIR && chmod 2770 DIR)")
 
 
@@ -303,12 +293,17 @@ def make_job_dir(job_dir: Path) -> None:
     """Create the job's control directory (rank 0, at train begin).
 
     In a shared control root (setgid) it gets the root's group permissions whatever the
-    trainer's umask, so the group's members may write requests.
+    trainer's umask, so the group's members may write requests. Nothing it creates is
+    writable by others, whatever the umask (mfotel.actions.ownership would refuse it).
     """
-    existed = job_dir.is_dir()
+    created = [path for path in (job_dir, *job_dir.parents) if not os.path.lexists(path)]
     job_dir.mkdir(parents=True, exist_ok=True)
+    for path in created:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & stat.S_IWOTH:
+            os.chmod(path, mode & ~stat.S_IWOTH)
     parent = os.stat(job_dir.parent)
-    if not existed and parent.st_mode & stat.S_ISGID:
+    if job_dir in created and parent.st_mode & stat.S_ISGID:
         mode = stat.S_IMODE(os.stat(job_dir).st_mode)
         os.chmod(job_dir, mode | (parent.st_mode & 0o070) | stat.S_ISGID)
 
@@ -320,7 +315,11 @@ def write_request(job_dir: str | Path, request: Request) -> Path:
     directory it is and the fix) when the request could not reach the trainer.
     """
     job_dir = Path(job_dir)
-    if not job_dir.is_dir():
+    try:
+        is_dir = job_dir.is_dir()
+    except PermissionError as exc:   # a directory on the path this user may not enter
+        raise unreachable(job_dir, exc) from None
+    if not is_dir:
         raise FileNotFoundError(f"{job_dir} is not a control directory (rank 0 of a job with "
                                 f"monitor_config.actions.control_dir creates it at train begin)")
     path = job_dir / CONTROL_FILE
@@ -333,7 +332,7 @@ def write_request(job_dir: str | Path, request: Request) -> Path:
         owner = trainer or Trainer.of_uid(job_dir.stat().st_uid)
         raise PermissionError(
             f"cannot write in {job_dir} ({exc.strerror}): the directory belongs to "
-            f"{owner.describe()}, group {_group_name(job_dir.stat().st_gid)}, mode "
+            f"{owner.describe()}, group {group_name(job_dir.stat().st_gid)}, mode "
             f"{stat.filemode(job_dir.stat().st_mode)}. Fix: run this as "
             f"{owner.user or owner.uid}, or share a control root through a group both belong "
             f"to (chgrp GROUP DIR && chmod 2770 DIR: rank 0 then creates job directories the "
@@ -565,6 +564,13 @@ def alert_control_from_args(args: argparse.Namespace, out: TextIO | None = sys.s
 
 # ---------------------------------------------------------------- command line
 def _show(job_dir: Path) -> int:
+    try:
+        os.stat(job_dir)
+    except PermissionError as exc:
+        print(f"mfotel control: error: {unreachable(job_dir, exc)}", file=sys.stderr)
+        return 2
+    except OSError:
+        pass      # a missing directory: each file says (none)
     for name, limit in ((CONTROL_FILE, CONTROL_MAX_BYTES), (SCHEDULE_FILE, SCHEDULE_MAX_BYTES)):
         path = job_dir / name
         print(f"# {path}")

@@ -43,6 +43,7 @@ from .control import (
     parse_schedule,
     write_schedule,
 )
+from .ownership import UnsafeControlDir, check_control_dir
 
 log = logging.getLogger("mfotel")
 
@@ -101,6 +102,7 @@ class ActionEngine(StepListener):
         self._schedule_watch = FileWatch(self.job_dir / SCHEDULE_FILE, SCHEDULE_MAX_BYTES) \
             if self.job_dir else None
         self._warned: set[str] = set()
+        self._verified = False   # the control directory passed check_control_dir
 
     # ------------------------------------------------------------ start
     def start(self, optimizer: Any = None, train_network: Any = None) -> None:
@@ -134,6 +136,8 @@ class ActionEngine(StepListener):
         if self.leader:
             try:
                 make_job_dir(self.job_dir)
+                if not self._owned():
+                    return
                 write_schedule(self.job_dir, [])  # a new run: nothing scheduled yet
             except OSError as exc:
                 raise ConfigError(source, "control_dir", f"cannot write {self.job_dir} "
@@ -146,8 +150,32 @@ class ActionEngine(StepListener):
                             self.job_dir / CONTROL_FILE, stale["id"])
         else:
             self._ignored.update(r.id for r in self._read_schedule())
+            if self.job_dir is None:
+                return
         log.info("mfotel: control directory %s (rank %d %s)", self.job_dir, self.rank,
                  "decides" if self.leader else "follows rank 0")
+
+    def _owned(self) -> bool:
+        """Whether the control directory is the trainer's and nobody else could write or
+        replace it (mfotel.actions.ownership); if not, warn once, count it and use none."""
+        if self._verified or self.job_dir is None:
+            return self.job_dir is not None
+        try:
+            check_control_dir(self.job_dir)
+        except OSError as exc:
+            message = str(exc) if isinstance(exc, UnsafeControlDir) else \
+                f"not using the control directory {self.job_dir}: {exc.strerror or exc}"
+            rules = self.world_size > 1 and (self.cfg.plateau or self.cfg.nonfinite)
+            self.job_dir = self._control = self._schedule_watch = None
+            if rules:   # rank 0 could not tell the others: acting alone would split the job
+                self.cfg = dataclasses.replace(self.cfg, plateau=None, nonfinite=None)
+                self.plateau = None
+            off = " and its local rules are off" if rules else ""
+            self._file_problem(f"mfotel: {message}; rank {self.rank} ignores control requests "
+                               f"and schedules for this run{off}, training goes on")
+            return False
+        self._verified = True
+        return True
 
     def _possible(self) -> list[tuple[str, str]]:
         pairs = [(rule.action, name) for name, rule in
@@ -269,12 +297,16 @@ class ActionEngine(StepListener):
             return None
 
     def _poll_schedule(self) -> tuple[bool, Any]:
+        """A follower's poll; the directory is checked once rank 0 made it (the schedule)."""
         assert self._schedule_watch is not None
         try:
-            return self._schedule_watch.poll()
+            changed, data = self._schedule_watch.poll()
         except ValueError as exc:
             self._file_problem(f"mfotel: {exc}; ignored until it changes")
             return False, None
+        if data is not None and not self._owned():
+            return False, None
+        return changed, data
 
     def _read_schedule(self) -> list[Request]:
         changed, data = self._poll_schedule()

@@ -3,7 +3,8 @@
     with shared_dir() as folder:                  # every user may enter it
         done = control(job_dir, *as_user(OPERATOR_UID, OPS_GID))   # `mfotel control --stop`
 
-Switching users needs root; the tests that do so are skipped otherwise (CI runs as root).
+Switching users needs root; the tests that do so are skipped otherwise (CI runs as root), or,
+with `require_root()`, fail saying so.
 """
 from __future__ import annotations
 
@@ -20,9 +21,17 @@ import pytest
 
 NOBODY = 65534
 OPS_GID, OPERATOR_UID = 4242, 4243   # an operators' group, and an operator outside passwd
+OUTSIDER_UID = 4244                   # a user in no group of the control model
 MFOTEL = str(Path(sys.executable).with_name("mfotel"))
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users (setpriv) needs "
                                 "root; CI runs the suite as root")
+
+
+def require_root() -> None:
+    """Fail, never skip, a test that needs two real users when this is not root."""
+    if os.geteuid() != 0:
+        pytest.fail("this test runs processes as two real users (setpriv --reuid, chown), "
+                    "which needs root: run it as root (CI does)", pytrace=False)
 
 
 def as_user(uid: int, gid: int, groups: tuple[int, ...] = ()) -> list[str]:
