@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from .config import MonitorConfig
+from .config.redact import redact_named
 from .contract import MetricSpec
 from .endpoint import serve as serve_endpoint
 from .endpoint.exposition import CachedMetricsApp, CachingCollector, Router
@@ -65,7 +66,8 @@ def build_resource(job_name: str, identity: RankIdentity,
 
     `job_name` and `rank` are there under the label names every series carries (extra
     attributes cannot replace them), so `target_info` joins `on(job_name, rank)` like the rest
-    of the contract.
+    of the contract. Values of secret-named attributes (password, token, ...) are `***`: they
+    reach neither target_info nor OTLP in clear (mfotel.config.redact).
     """
     attributes: dict[str, Any] = {
         "service.name": job_name,
@@ -83,7 +85,8 @@ def build_resource(job_name: str, identity: RankIdentity,
     attributes = {k: v for k, v in attributes.items() if v != ""}
     attributes.update(extra or {})
     attributes.update(job_name=job_name, rank=str(identity.rank))
-    return Resource.create(attributes)
+    resource = Resource.create(attributes)   # also reads OTEL_RESOURCE_ATTRIBUTES
+    return Resource(redact_named(resource.attributes), resource.schema_url)
 
 
 class _Labelled:

@@ -28,6 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..config import ConfigError, MonitorConfig
+from ..config.redact import redact_named
 from ..endpoint.exposition import NOT_A_SCRAPE
 from ..identity import RankIdentity
 from ..subcommand import Subcommand
@@ -100,7 +101,13 @@ def parse_hostfile(text: str, default_slots: int) -> dict[str, int]:
 
 
 def dump_targets(groups: list[dict[str, Any]], path: str | Path | None = None) -> str:
-    """JSON text, or YAML when `path` ends in .yml / .yaml (both are file_sd formats)."""
+    """JSON text, or YAML when `path` ends in .yml / .yaml (both are file_sd formats).
+
+    Values of secret-named labels (password, token, ...) are written as *** (every series of
+    the targets would carry them into Prometheus): mfotel.config.redact.
+    """
+    groups = [{**group, "labels": redact_named(group["labels"])} if "labels" in group else group
+              for group in groups]
     if path is not None and str(path).endswith((".yml", ".yaml")):
         return yaml.safe_dump(groups, sort_keys=False)
     return json.dumps(groups, indent=2) + "\n"

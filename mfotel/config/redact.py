@@ -1,5 +1,9 @@
 """Secrets never printed: header values, URL passwords and token-like values become ***.
 
+Nor sent: values of secret-named resource attributes reach target_info and OTLP as ***
+(mfotel.telemetry.build_resource), those of file_sd labels the target files as ***
+(mfotel.cluster.discovery.dump_targets).
+
     redact_url("http://u:pw@collector:4318/v1/metrics?token=t")
     # http://u:***@collector:4318/v1/metrics?token=***
     redact_headers({"authorization": "Bearer x"})     # {"authorization": "***"}
@@ -10,9 +14,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 MASK = "***"
+V = TypeVar("V")
 #: Names of query parameters, labels and attributes that carry credentials (api_key=,
 #: token=, db.password, ...): their values are never shown.
 _SECRET_NAME = re.compile(r"(?i)(token|key|secret|passw|pwd|auth|sig|credential|cookie|session)")
@@ -48,8 +54,11 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-def redact_named(values: Mapping[str, str]) -> dict[str, str]:
-    """`values` with the values of credential-like names (password, token, ...) masked."""
+def redact_named(values: Mapping[str, V]) -> dict[str, V | str]:
+    """`values` with the values of credential-like names (password, token, ...) masked.
+
+    Also what leaves the process: resource attributes (target_info, OTLP) and file_sd labels.
+    """
     return {name: MASK if is_secret_name(name) else value for name, value in values.items()}
 
 
