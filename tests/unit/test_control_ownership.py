@@ -53,9 +53,16 @@ print(json.dumps({"applied": applied, "accepted": accepted, "errors": errors}), 
 """
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _two_users() -> None:
+    """Root, and a Python with mfotel that `nobody` may run (a checkout under /root may not be)."""
     require_root()
+    probe = subprocess.run([*as_user(NOBODY, NOBODY), sys.executable, "-c", "import mfotel"],
+                           cwd="/", capture_output=True, text=True, timeout=60)
+    if probe.returncode:
+        pytest.fail(f"user nobody cannot run {sys.executable} with mfotel: make the checkout and "
+                    f"its virtualenv readable by others (chmod o+rX): {probe.stderr[-500:]}",
+                    pytrace=False)
 
 
 @pytest.fixture
