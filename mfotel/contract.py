@@ -126,6 +126,15 @@ CONTRACT: tuple[MetricSpec, ...] = (
        "Unix time this process's training ended, and why: completed, failed (an exception), "
        "stopped (asked to stop early, or ran out before its last step), cancelled (a signal)",
        labels=("reason",)),
+    # the time account (mfotel.time_account): where each second of this process went
+    _m("time", "mindformers.train.time", "s", "counter", "mindformers_train_time_seconds",
+       "Wall time of this process by phase (startup, step, input, checkpoint, evaluation, "
+       "stall), summed up to its last event (a step's begin or end, a save, an evaluation, "
+       "the end): the phases add up to that event's time minus process_start_timestamp",
+       labels=("phase",)),
+    _m("process_start_timestamp", "mindformers.train.process_start.timestamp", "s", "gauge",
+       "mindformers_train_process_start_timestamp_seconds",
+       "Unix time this process started: the origin of its time account"),
     # checkpoints, from the run's checkpoint callback (ModelCheckpoint / CheckpointMonitor)
     _m("last_checkpoint_timestamp", "mindformers.train.last_checkpoint.timestamp", "s", "gauge",
        "mindformers_train_last_checkpoint_timestamp_seconds",

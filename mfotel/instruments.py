@@ -66,6 +66,10 @@ class TrainState:
     start_timestamp: float | None = None
     end_timestamp: float | None = None      # when the final status was set
     end_reason: str | None = None           # completed, failed, stopped, cancelled
+    # the time account (mfotel.time_account): its `totals` dict (phase -> seconds, updated in
+    # place) and its origin; absent until an account is attached
+    time: dict[str, float] = field(default_factory=dict)
+    process_start_timestamp: float | None = None
     # checkpoints (mfotel.checkpoints) and evaluation; absent when the run has none
     last_checkpoint_timestamp: float | None = None
     checkpoint_duration: float | None = None
@@ -144,10 +148,10 @@ class Instruments:
         if key == "end_timestamp":
             return lambda options: [] if state.end_timestamp is None else [
                 Observation(state.end_timestamp, {**attrs, "reason": state.end_reason or ""})]
-        if key in ("nonfinite", "export_errors"):
-            label = "metric" if key == "nonfinite" else "stage"
+        if key in ("nonfinite", "export_errors", "time"):
+            label = {"nonfinite": "metric", "export_errors": "stage", "time": "phase"}[key]
             return lambda options: [Observation(count, {**attrs, label: name})
-                                    for name, count in getattr(state, key).items()]
+                                    for name, count in list(getattr(state, key).items())]
 
         if key in AS_IS:
             return self._last_finite_observer(key)

@@ -27,6 +27,9 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import IO, Protocol
 
+from .time_account import LINE_FIELDS as ACCOUNT_FIELDS
+from .time_account import LINE_STEPS as ACCOUNT_STEPS
+
 PREFIX = "[Monitor]"
 TIME_KEY = "time"
 
@@ -58,6 +61,11 @@ LINE_FIELDS: dict[str, LineField] = {
     # units as README "Time figures" defines them; the JSON line holds bare numbers
     "throughput": LineField("throughput", unit=" samples/s"),
     "step_time": LineField("step_time", unit=" s"),
+    # the time account (mfotel.time_account), when the line carries it: totals to the
+    # millisecond, whatever they grow to (6 digits would lose seconds after 11 days)
+    ACCOUNT_STEPS: LineField(ACCOUNT_STEPS, lambda value: f"{value:.0f}"),
+    **{name: LineField(name, lambda value: f"{value:.3f}", " s")
+       for name in ACCOUNT_FIELDS if name != ACCOUNT_STEPS},
 }
 
 

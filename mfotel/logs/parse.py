@@ -40,6 +40,7 @@ from typing import BinaryIO, TypeGuard
 
 from ..sinks import LINE_FIELDS, TIME_KEY
 from ..sinks import PREFIX as MONITOR_MARK
+from ..time_account import LINE_FIELDS as ACCOUNT_FIELDS
 
 #: The per-step values a row may carry, in display order.
 METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput", "step_time")
@@ -82,6 +83,7 @@ class Row:
     path: str = ""
     source: str = ""               # one of SOURCES
     job_name: str | None = None    # the job the line names (JSON lines carry it)
+    account: dict[str, float] | None = None   # the time account's fields, when the line has them
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +219,20 @@ _TEXT_KEYS.update({spec.key: name for name, spec in LINE_FIELDS.items() if name 
 _TEXT_UNITS: dict[str, str] = {spec.key: spec.unit for spec in LINE_FIELDS.values() if spec.unit}
 
 
+_ACCOUNT_KEYS = frozenset(ACCOUNT_FIELDS)
+
+
+def _account_value(key: str, raw: str | float) -> float:
+    """A time account field: seconds or steps, finite and not negative."""
+    try:
+        value = _float(raw) if isinstance(raw, str) else float(raw)
+    except ValueError:
+        raise ValueError(f"{key}: {str(raw).strip()[:40]!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{key}: {value!r} is not a finite number >= 0")
+    return value
+
+
 def _parse_text(text: str, at: int) -> tuple[dict, bool]:
     """(fields, stamped) of an mfotel text line; `at` is the index of `[Monitor]` in `text`;
     `stamped` when the line ends with a whole `time` field."""
@@ -240,6 +256,9 @@ def _parse_text(text: str, at: int) -> tuple[dict, bool]:
                 values[target] = _float(raw)     # float() ignores the spaces around it
             except ValueError:
                 raise ValueError(f"{key}: {raw.strip()[:40]!r} is not a number") from None
+        elif key in _ACCOUNT_KEYS:
+            values.setdefault("account", {})[key] = _account_value(
+                key, raw.strip().removesuffix(" s"))
         elif key == "step" or key == "epoch":
             head = raw.split("/", 1)[0].strip()
             if not (head.isascii() and head.isdigit()) or len(head) > 20:
@@ -287,6 +306,10 @@ def _parse_json(record: dict) -> dict:
                 raise ValueError(f"time: {_short(value)} is not a unix time") from None
         elif key == "epoch":
             values["epoch"] = _bounded_int(key, value, MAX_STEP)
+        elif key in _ACCOUNT_KEYS:
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"{key}: {_short(value)} is not a number")
+            values.setdefault("account", {})[key] = _account_value(key, value)
         elif key == "rank":
             values["rank"] = _bounded_int(key, value, MAX_RANK)
         elif key == "job_name":

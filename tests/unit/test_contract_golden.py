@@ -48,6 +48,8 @@ GOLDEN = {
     "mindformers_train_first_nonfinite_step": ("gauge", JR),
     "mindformers_train_start_timestamp_seconds": ("gauge", JR),
     "mindformers_train_end_timestamp_seconds": ("gauge", ("job_name", "rank", "reason")),
+    "mindformers_train_time_seconds": ("counter", ("job_name", "phase", "rank")),
+    "mindformers_train_process_start_timestamp_seconds": ("gauge", JR),
     "mindformers_train_last_checkpoint_timestamp_seconds": ("gauge", JR),
     "mindformers_train_checkpoint_duration_seconds": ("gauge", JR),
     "mindformers_train_checkpoints": ("counter", JR),
@@ -86,6 +88,7 @@ def _record_everything(inst: Instruments) -> None:
     st.step_begin_timestamp, st.step_outside = 0.9, 0.01
     st.end_timestamp, st.end_reason = 2.0, "failed"
     st.actions[("stop", "control")] = 1
+    st.time, st.process_start_timestamp = {"startup": 1.0, "step": 0.5}, 0.0
     inst.record_step_seconds(0.2)
 
 

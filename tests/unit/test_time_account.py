@@ -1,0 +1,111 @@
+"""The per-rank time account (mfotel.time_account): a table of hook events and the phases
+they must add up to. Times are unix seconds from the process's start (origin ORIGIN = 1000)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mfotel.alerting.thresholds import RulesConfig
+from mfotel.time_account import (
+    LINE_FIELDS,
+    PHASES,
+    STALL_SECONDS,
+    STALL_STEP_FACTOR,
+    TimeAccount,
+    process_start_time,
+)
+
+ORIGIN = 1000.0
+
+
+def run(events: list[tuple], **kwargs: float) -> TimeAccount:
+    """("begin", t) / ("end", t[, steps]) / ("save" | "eval", seconds, t) / ("close", t),
+    with t in seconds after the origin."""
+    account = TimeAccount(ORIGIN, **kwargs)
+    for event in events:
+        kind = event[0]
+        if kind == "begin":
+            account.step_begin(ORIGIN + event[1])
+        elif kind == "end":
+            account.step_end(ORIGIN + event[1], *event[2:])
+        elif kind in ("save", "eval"):
+            phase = "checkpoint" if kind == "save" else "evaluation"
+            account.interval(phase, event[1], ORIGIN + event[2])
+        else:
+            account.close(ORIGIN + event[1])
+    return account
+
+
+CASES = [
+    ("start-up runs to the end of the first step (compilation is inside it)",
+     [("begin", 30), ("end", 45)], dict(startup=45), 1),
+    ("after the first step: step time inside, input time between",
+     [("begin", 30), ("end", 45), ("begin", 47), ("end", 50), ("begin", 51), ("end", 54)],
+     dict(startup=45, step=6, input=3), 3),
+    ("a save after a step end is carved out of the input time",
+     [("begin", 0), ("end", 10), ("save", 4, 15), ("begin", 16), ("end", 18)],
+     dict(startup=10, checkpoint=4, input=2, step=2), 2),
+    ("a save inside the step hooks (callback listed first) is carved out of the step",
+     [("begin", 0), ("end", 10), ("begin", 10), ("save", 5, 17), ("end", 18)],
+     dict(startup=10, step=3, checkpoint=5), 2),
+    ("an evaluation between two steps",
+     [("begin", 0), ("end", 10), ("eval", 30, 41), ("begin", 41), ("end", 43)],
+     dict(startup=10, evaluation=30, input=1, step=2), 2),
+    ("a save longer than the time since the last event takes only that time",
+     [("begin", 0), ("end", 10), ("save", 8, 15)],
+     dict(startup=10, checkpoint=5), 1),
+    ("time beyond the stall threshold since the last step end is stall (step and input)",
+     [("begin", 0), ("end", 10), ("begin", 40), ("end", 200)],
+     dict(startup=10, input=30, step=70, stall=90), 2),
+    ("saves do not count toward the stall threshold",
+     [("begin", 0), ("end", 10), ("save", 500, 520), ("begin", 530), ("end", 550)],
+     dict(startup=10, checkpoint=500, input=20, step=20), 2),
+    ("the threshold follows the mean step: 10 x 20 s per step > 100 s",
+     [("begin", 0), ("end", 10), *[e for k in range(3) for e in (
+         ("begin", 10 + 20 * k + 5), ("end", 10 + 20 * (k + 1)))],
+      ("begin", 75), ("end", 300)],
+     dict(startup=10, input=20, step=45 + 195, stall=30), 5),
+    ("the time after the last step until the end is input",
+     [("begin", 0), ("end", 10), ("close", 12)], dict(startup=10, input=2), 1),
+    ("sink mode: one end, several steps",
+     [("begin", 0), ("end", 10, 4), ("begin", 10), ("end", 14, 4)],
+     dict(startup=10, step=4), 8),
+    ("a clock that goes back adds nothing",
+     [("begin", 0), ("end", 10), ("begin", 9), ("end", 12)],
+     dict(startup=10, step=2), 2),
+]
+
+
+@pytest.mark.parametrize("name, events, phases, steps", CASES, ids=[c[0] for c in CASES])
+def test_phases_add_up_to_the_time_since_the_process_started(name, events, phases, steps):
+    account = run(events, stall_seconds=100)
+    assert account.totals == pytest.approx({**dict.fromkeys(PHASES, 0.0), **phases})
+    assert account.steps == steps
+    assert sum(account.totals.values()) == pytest.approx(account.last_event - account.origin)
+
+
+def test_line_values_are_the_totals_and_the_steps():
+    account = run([("begin", 0), ("end", 10), ("begin", 11), ("end", 13)])
+    values = account.line_values()
+    assert list(values) == list(LINE_FIELDS)
+    assert values["account_steps"] == 2 and values["account_startup"] == 10
+    assert values["account_step"] == 2 and values["account_input"] == 1
+
+
+def test_the_stall_defaults_are_the_rules_defaults():
+    rules = RulesConfig()
+    assert (STALL_SECONDS, STALL_STEP_FACTOR) == (rules.stall_seconds, rules.stall_step_factor)
+
+
+def test_bad_settings_and_phases_are_refused():
+    with pytest.raises(ValueError):
+        TimeAccount(ORIGIN, stall_seconds=0)
+    with pytest.raises(ValueError, match="checkpoint, evaluation"):
+        TimeAccount(ORIGIN).interval("step", 1.0, ORIGIN + 1)
+
+
+def test_process_start_time_is_this_process_start():
+    import psutil
+    assert abs(process_start_time() - psutil.Process().create_time()) < 1.5
+    assert process_start_time() <= time.time()
