@@ -24,6 +24,8 @@ from ..contract import (
 )
 from .cascade import FAILED_EXIT as FAILED_EXIT
 from .cascade import FIRST, cascade_alerts, cascade_records
+from .goodput import INTERVAL as GOODPUT_INTERVAL
+from .goodput import goodput_alerts, goodput_records
 from .promql import (
     ALIVE,
     JOB,
@@ -178,6 +180,9 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
             {"name": "mindformers-job.rules", "rules": job},
             {"name": "mindformers-loss.rules", "rules": loss},
             {"name": "mindformers-cascade.rules", "rules": cascade_records(cfg)},
+            # every minute exactly: its increases read the evaluation a minute before
+            {"name": "mindformers-goodput.rules", "interval": GOODPUT_INTERVAL,
+             "rules": goodput_records(cfg)},
             {"name": "mfotel-exporter.rules", "rules": exporter}]
 
 
@@ -321,7 +326,8 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
             {"name": "mindformers-dynamics.alerts", "rules": dynamics},
             {"name": "mindformers-performance.alerts", "rules": performance},
             {"name": "mindformers-cascade.alerts", "rules": cascade_alerts(cfg)},
-            {"name": "mindformers-node.alerts", "rules": node_alerts(cfg)}]
+            {"name": "mindformers-node.alerts", "rules": node_alerts(cfg)},
+            {"name": "mindformers-goodput.alerts", "rules": goodput_alerts(cfg)}]
 
 
 def node_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:

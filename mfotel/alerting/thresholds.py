@@ -107,6 +107,14 @@ class RulesConfig:
     departure_seconds: int = 10
     departure_step_factor: float = 3.0
     cascade_window: str = "1h"
+    # goodput (mfotel.alerting.goodput): a run's account covers its life up to this long;
+    # a warning when its goodput over the last hour stays below the floor for goodput_for
+    goodput_run_window: str = "30d"
+    goodput_floor_ratio: float = 0.6
+    goodput_for: str = "15m"
+    # restart storm: this many attempts within an hour each resumed from no later a step than
+    # the attempt before it (no checkpoint saved in between)
+    restart_storm_restarts: int = 2
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -128,6 +136,9 @@ class RulesConfig:
                      "checkpoint_max_age_seconds", "departure_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"RulesConfig.{name}={getattr(self, name)!r} must be > 0")
+        if not (isinstance(self.restart_storm_restarts, int) and self.restart_storm_restarts >= 1):
+            raise ValueError(f"RulesConfig.restart_storm_restarts={self.restart_storm_restarts!r} "
+                             "must be a whole number >= 1")
         if duration_seconds(self.grad_norm_nonfinite_for) <= 0:
             raise ValueError(f"RulesConfig.grad_norm_nonfinite_for="
                              f"{self.grad_norm_nonfinite_for!r} must be longer than 0s: the "

@@ -60,6 +60,10 @@ MOVED = {
     "departure_seconds": ("12", "5"),
     "departure_step_factor": ("5", "2"),
     "cascade_window": ("2h", "30m"),
+    "goodput_run_window": ("60d", "7d"),
+    "goodput_floor_ratio": ("0.5", "0.7"),
+    "goodput_for": ("30m", "10m"),
+    "restart_storm_restarts": ("3", "1"),
 }
 LOOSER = {key: values[0] for key, values in MOVED.items()}
 STRICTER = {key: values[1] for key, values in MOVED.items()}

@@ -32,7 +32,8 @@ ALERTMANAGER_YML = ROOT / "alertmanager" / "alertmanager.yml"
 #: Alerts about a whole job rather than one rank: their expression aggregates `rank` away, so
 #: their description names job_name only. Keep this list explicit and short.
 JOB_LEVEL_ALERTS = frozenset({"MindFormersRanksMissing", "MindFormersThroughputDrop",
-                              "MindFormersGradNormNotFinite"})
+                              "MindFormersGradNormNotFinite", "MindFormersGoodputLow",
+                              "MindFormersRestartStorm"})
 #: Alerts that name the rank(s) the others wait for, else the job when no rank stands out.
 RANK_OR_JOB_ALERTS = frozenset({"MindFormersTrainingStalled"})
 #: The pages of a cascade's culprit (mfotel.alerting.cascade): they carry a stacks_url.
@@ -320,8 +321,9 @@ def test_rules_group_by_contract_labels_only() -> None:
     # the contract's labels (rank_info's world_size, nonfinite_total's metric, ...) and
     # Prometheus' target and histogram labels
     allowed = set(COMMON_LABELS) | {label for spec in CONTRACT for label in spec.labels} | {
-        "job", "instance", "le", "namespace", "pod_name", "how"} | {  # + rank_info's Kubernetes
-        # labels, and `how` a rank left the healthy state (the cascade records make it)
+        "job", "instance", "le", "namespace", "pod_name", "how", "run_id", "category"} | {
+        # + rank_info's Kubernetes labels and run identity, `how` a rank left the healthy state
+        # (the cascade records make it), a goodput `category` (the goodput records make it)
         label for series in NODE_SERIES for label in series.labels}  # + the node agent's
     for rule in alert_rules() + recording_rules():
         for clause in re.findall(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)", rule["expr"]):

@@ -1,0 +1,211 @@
+"""Goodput: where a run's time went, across its attempts (docs/metrics.md, "Goodput").
+
+Every rank exports its time account (mfotel.time_account): `mindformers_train_time_seconds_total
+{phase}`, whose phases add up to the time from `mindformers_train_process_start_timestamp_seconds`
+to the rank's last event. These rules turn it into the run's account, one minute at a time
+(the group is evaluated every minute; `offset 1m` reads the evaluation before):
+
+1. each rank's increase over the minute, exactly (the counter now minus a minute ago; all of it
+   when the process is new: another process start), averaged over the run's ranks (`run_id`
+   from `mindformers_train_rank_info`; without a configured run, the job is the run);
+2. the steps redone: the global steps of the minute at or below the run's highest step before
+   it (its high-water mark), their share of the minute's step time is `recomputed`, the rest
+   `goodput`;
+3. the downtime: when a new attempt shows up, from the last event of the run before it to the
+   new processes' start;
+4. the run's totals (over `goodput_run_window`), its wall clock (first process start to now
+   while a rank runs, else to its last event), `unaccounted` what the categories leave of it,
+   and the shares of the last hour.
+
+Categories (`category` label): goodput, recomputed, startup, input, checkpoint, evaluation,
+stall, downtime; `unaccounted` in the totals and shares of the run. Alerts:
+MindFormersGoodputLow (the last hour's goodput below `goodput_floor_ratio`, naming the largest
+loss) and MindFormersRestartStorm (attempts that resumed from no later a step than the attempt
+before them, `restart_storm_restarts` of them within an hour).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..time_account import PHASES
+from .promql import alert, indent, num
+from .thresholds import RulesConfig, duration_seconds
+
+#: The rule group's evaluation interval: the `offset` of every per-minute increase.
+INTERVAL = "1m"
+#: The window of the shares and of the alerts (Prometheus 2 ranges hold both ends: 61 minutes).
+WINDOW = "1h"
+CATEGORIES = ("goodput", "recomputed", *(p for p in PHASES if p != "step"), "downtime")
+UNACCOUNTED = "unaccounted"
+
+# recorded series, in the group's order (later rules read earlier ones of the same evaluation)
+PHASE_INCREASE = "job_name_run_id_phase:mindformers_train_time_seconds:increase1m"
+STEPS_INCREASE = "job_name_run_id:mindformers_train_steps:increase1m"
+STEP_MAX = "job_name_run_id:mindformers_train_step:max"
+PROCESS_START = "job_name_run_id:mindformers_train_process_start_timestamp_seconds:avg"
+LAST_EVENT = "job_name_run_id:mindformers_train_last_event_timestamp_seconds:avg"
+ATTEMPTS = "job_name_run_id:mindformers_train_attempts:increase1m"
+RESUME_STEP = "job_name_run_id:mindformers_train_resume_step:first_step"
+RESTARTS_NO_PROGRESS = "job_name_run_id:mindformers_train_restarts_without_progress:increase1m"
+DOWNTIME = "job_name_run_id:mindformers_train_downtime_seconds:increase1m"
+RECOMPUTED_STEPS = "job_name_run_id:mindformers_train_recomputed_steps:increase1m"
+CATEGORY_INCREASE = "job_name_run_id_category:mindformers_train_time_seconds:increase1m"
+CATEGORY_TOTAL = "job_name_run_id_category:mindformers_train_time_seconds:total"
+WALL = "job_name_run_id:mindformers_train_wall_seconds:total"
+RECOMPUTED_TOTAL = "job_name_run_id:mindformers_train_recomputed_steps:total"
+SHARE_RUN = "job_name_run_id_category:mindformers_train_time:ratio_total"
+SHARE_WINDOW = "job_name_run_id_category:mindformers_train_time:ratio1h"
+JOB_GOODPUT = "job_name:mindformers_train_goodput:ratio1h"
+
+RUN = "job_name, run_id"
+
+
+def _of_run(cfg: RulesConfig, expr: str) -> str:
+    """`expr` (per rank) with the run_id of the rank's rank_info."""
+    info = cfg.m("mindformers_train_rank_info")
+    return (f"(\n{indent(expr)}\n)\n* on (job_name, rank) group_left (run_id)\n"
+            f"max by (job_name, rank, run_id) ({info})")
+
+
+def _same_process(cfg: RulesConfig) -> str:
+    """Ranks whose process is the one a minute ago (the same start)."""
+    start = cfg.m("mindformers_train_process_start_timestamp_seconds")
+    return f"({start} == {start} offset {INTERVAL})"
+
+
+def _increase(cfg: RulesConfig, counter: str) -> str:
+    """Each rank's exact increase of `counter` over the minute; all of it for a new process
+    (its counters started at 0) or one seen for the first time."""
+    return (f"({counter} - {counter} offset {INTERVAL})\n"
+            f"and on (job_name, rank) {_same_process(cfg)}\nor\n{counter}")
+
+
+def _running(cfg: RulesConfig) -> str:
+    """Runs with a rank initialising or running now."""
+    status = cfg.m("mindformers_train_status")
+    return f"count by ({RUN}) (\n{indent(_of_run(cfg, f'{status} <= 1'))}\n)"
+
+
+def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
+    """The run account, in evaluation order (module docstring)."""
+    m = cfg.m
+    time_account = m("mindformers_train_time_seconds_total")
+    steps = m("mindformers_train_steps_total")
+    step = m("mindformers_train_step")
+    start = m("mindformers_train_process_start_timestamp_seconds")
+    w = cfg.goodput_run_window
+    # the run's highest step before this minute, and the step the minute began at
+    high_water = f"max_over_time({STEP_MAX}[{w}] offset {INTERVAL})"
+    began_at = f"({STEP_MAX} - {STEPS_INCREASE})"
+    below_high_water = (f"(\n  clamp_min({high_water} - {began_at}, 0)\n"
+                        f"  or\n  {STEPS_INCREASE} * 0\n)")
+    step_time = f'sum without (phase) ({PHASE_INCREASE}{{phase="step"}})'
+    recomputed_time = (f"(\n  {step_time}\n  * {RECOMPUTED_STEPS}\n  / ({STEPS_INCREASE} > 0)\n"
+                       f"  or\n  {step_time} * 0\n)")
+    # ranks whose first step of this process came within the minute: the step it resumed after
+    first_step = (f"({steps} > 0)\nunless on (job_name, rank) (\n"
+                  f"  ({steps} offset {INTERVAL} > 0)\n  and on (job_name, rank) "
+                  f"{_same_process(cfg)}\n)")
+    resumed = f"({step} - {steps})\nand on (job_name, rank)\n{first_step}"
+    last_event = (f"{start}\n+ on (job_name, rank) group_left ()\n"
+                  f"sum without (phase) ({time_account})")
+    end = (f"(\n  {PROCESS_START} * 0 + time()\n  and on ({RUN})\n{indent(_running(cfg), '  ')}\n"
+           f"  or\n  max_over_time({LAST_EVENT}[{w}])\n)")
+    per_minute = [
+        {"record": PHASE_INCREASE,
+         "expr": f"avg by ({RUN}, phase) (\n{indent(_of_run(cfg, _increase(cfg, time_account)))}"
+                 "\n)"},
+        {"record": STEPS_INCREASE,
+         "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, _increase(cfg, steps)))}\n)"},
+        {"record": STEP_MAX, "expr": f"max by ({RUN}) (\n{indent(_of_run(cfg, step))}\n)"},
+        {"record": PROCESS_START, "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, start))}\n)"},
+        {"record": LAST_EVENT,
+         "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, last_event))}\n)"},
+        # 1 in the minute a run's processes are new (a later start than a minute ago, or none
+        # then): an attempt began
+        {"record": ATTEMPTS,
+         "expr": f"({PROCESS_START} > bool {PROCESS_START} offset {INTERVAL})\n"
+                 f"or\n{PROCESS_START} * 0 + 1"},
+        {"record": RESUME_STEP, "expr": f"max by ({RUN}) (\n{indent(_of_run(cfg, resumed))}\n)"},
+        # an attempt that resumed from no later a step than the attempt before it
+        {"record": RESTARTS_NO_PROGRESS,
+         "expr": f"{RESUME_STEP}\n<= bool\nlast_over_time({RESUME_STEP}[{WINDOW}] offset "
+                 f"{INTERVAL})"},
+        {"record": DOWNTIME,
+         "expr": f"clamp_min({PROCESS_START} - last_over_time({LAST_EVENT}[{w}] offset "
+                 f"{INTERVAL}), 0)\nand on ({RUN}) ({ATTEMPTS} == 1)\nor\n{PROCESS_START} * 0"},
+        {"record": RECOMPUTED_STEPS,
+         "expr": f"{below_high_water} <= {STEPS_INCREASE}\nor\n{STEPS_INCREASE}"},
+    ]
+    def category(name: str, expr: str) -> dict[str, Any]:
+        return {"record": CATEGORY_INCREASE, "expr": expr, "labels": {"category": name}}
+    categories = [
+        category("goodput", f"{step_time}\n- {recomputed_time}"),
+        category("recomputed", recomputed_time),
+        *(category(phase, f'sum without (phase) ({PHASE_INCREASE}{{phase="{phase}"}})')
+          for phase in PHASES if phase != "step"),
+        category("downtime", DOWNTIME),
+    ]
+    window = duration_seconds(w)
+    totals: list[dict[str, Any]] = [
+        {"record": CATEGORY_TOTAL, "expr": f"sum_over_time({CATEGORY_INCREASE}[{w}])"},
+        # first process start to now while a rank runs, else to the run's last event
+        {"record": WALL,
+         "expr": f"clamp_max(\n{indent(end)}\n  - min_over_time({PROCESS_START}[{w}]),\n"
+                 f"  {num(window)}\n)"},
+        {"record": CATEGORY_TOTAL,
+         "expr": f'{WALL}\n- sum by ({RUN}) ({CATEGORY_TOTAL}{{category!="{UNACCOUNTED}"}})',
+         "labels": {"category": UNACCOUNTED}},
+        {"record": RECOMPUTED_TOTAL, "expr": f"sum_over_time({RECOMPUTED_STEPS}[{w}])"},
+        {"record": SHARE_RUN,
+         "expr": f"{CATEGORY_TOTAL}\n/ on ({RUN}) group_left ()\n({WALL} > 0)"},
+        {"record": SHARE_WINDOW,
+         "expr": f"sum_over_time({CATEGORY_INCREASE}[{WINDOW}])\n/ on ({RUN}) group_left ()\n"
+                 f"(sum by ({RUN}) (sum_over_time({CATEGORY_INCREASE}[{WINDOW}])) > 0)"},
+        {"record": JOB_GOODPUT,
+         "expr": f'sum by (job_name) (sum_over_time({CATEGORY_INCREASE}{{category="goodput"}}'
+                 f"[{WINDOW}]))\n/\n(sum by (job_name) (sum_over_time({CATEGORY_INCREASE}"
+                 f"[{WINDOW}])) > 0)"},
+    ]
+    return [*per_minute, *categories, *totals]
+
+
+RUN_OF = "{{ if $labels.run_id }}run {{ $labels.run_id }} of {{ end }}job {{ $labels.job_name }}"
+
+
+def goodput_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
+    window = duration_seconds(WINDOW)
+    largest = ('{{ with printf "topk(1, ' + SHARE_WINDOW + "{job_name='%s', run_id='%s', "
+               "category!='goodput'})\" $labels.job_name $labels.run_id | query }}"
+               "{{ with . | first }}{{ .Labels.category }} "
+               "({{ .Value | humanizePercentage }}){{ end }}{{ end }}")
+    checkpoints = cfg.m("mindformers_train_checkpoints_total")
+    return [
+        alert(cfg, "MindFormersGoodputLow",
+              f'max without (category) ({SHARE_WINDOW}{{category="goodput"}})\n'
+              f"< {num(cfg.goodput_floor_ratio)}\n"
+              f"and on ({RUN}) {_running(cfg)}\n"
+              # a run younger than the window has not had an hour to account
+              f"and on ({RUN}) (min_over_time({PROCESS_START}[{cfg.goodput_run_window}]) "
+              f"< time() - {num(window)})",
+              cfg.goodput_for, "warning", "A run's goodput over the last hour is low.",
+              f"The goodput of {RUN_OF} over the last {WINDOW} is "
+              "{{ $value | humanizePercentage }} (floor "
+              f"{cfg.goodput_floor_ratio:.0%}): the largest loss is {largest}. "
+              "See the run's time account (job_name_run_id_category:mindformers_train_time:"
+              "ratio1h) for the others."),
+        alert(cfg, "MindFormersRestartStorm",
+              f"sum_over_time({RESTARTS_NO_PROGRESS}[{WINDOW}]) >= "
+              f"{cfg.restart_storm_restarts}\n"
+              # the attempt running now saved a checkpoint: progress again
+              f"unless on ({RUN}) (max by ({RUN}) (\n{indent(_of_run(cfg, checkpoints))}\n) > 0)",
+              "0m", "warning",
+              "A run keeps restarting without its checkpointed step advancing.",
+              "{{ $value }} attempt(s) of " + RUN_OF + f" within the last {WINDOW} resumed "
+              "from no later a step than the attempt before them (lately step "
+              "{{ with printf \"last_over_time(" + RESUME_STEP + "{job_name='%s', "
+              f"run_id='%s'}}[{WINDOW}])\" $labels.job_name $labels.run_id | query }}}}"
+              "{{ . | first | value }}{{ end }}): each fails before its next checkpoint, and "
+              "its steps since that checkpoint are computed again every time. Find why the "
+              "attempts fail (the first cause's page of each), before restarting it again."),
+    ]
