@@ -1,4 +1,4 @@
-"""`mfotel plot | export | backfill | summary`: commands over monitor logs.
+"""`mfotel plot | export | backfill | summary | goodput`: commands over monitor logs.
 
     add_log_commands(subparsers)     # from mfotel.cli.build_parser
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import sys
 import time
@@ -273,6 +274,25 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return _finish(report, args)
 
 
+def cmd_goodput(args: argparse.Namespace) -> int:
+    """One run's goodput account over the monitor logs of all its attempts."""
+    from .goodput import account_json, format_account, marks_from_rows, run_account
+    runs = _runs(args)
+    report = ParseReport()
+    with _progress(runs, args.quiet) as progress:
+        marks = marks_from_rows(iter_rows(runs, report, progress))
+    if not marks:
+        _finish(report, args)
+        return _error("no monitor line in " + ", ".join(args.runs) + " carries the time "
+                      "account (account_* fields, written by ranks whose time account is on)")
+    account = run_account(marks)
+    if args.json:
+        sys.stdout.write(json.dumps(account_json(account), indent=2) + "\n")
+    else:
+        sys.stdout.write(format_account(account))
+    return _finish(report, args)
+
+
 # --- registration --------------------------------------------------------------------------
 
 def _smooth(text: str) -> float:
@@ -287,7 +307,8 @@ def _smooth(text: str) -> float:
 
 
 def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Register plot, export, backfill and summary; each sets `func(args) -> exit code`."""
+    """Register plot, export, backfill, summary and goodput; each sets `func(args) -> exit
+    code`."""
     plot = subparsers.add_parser(
         "plot", help="draw loss, lr, grad norm, throughput and step time curves of runs",
         description="Draw loss, learning rate, grad norm, throughput and step time of one or "
@@ -351,6 +372,17 @@ def add_log_commands(subparsers: argparse._SubParsersAction) -> None:
     _common(summary)
     summary.add_argument("-o", "--output", default=None, help="write to this file, not stdout")
     summary.set_defaults(func=_file_errors_are_messages(cmd_summary))
+
+    goodput = subparsers.add_parser(
+        "goodput", help="a run's goodput account from the monitor logs of all its attempts",
+        description="Where a run's time went, across its attempts: goodput (the steps that "
+                    "count, each once) and start-up, input, checkpoint, evaluation, stall, "
+                    "downtime between attempts, recomputed steps and unaccounted time, from the "
+                    "time account of the monitor lines (account_* fields). Every RUN is read as "
+                    "part of one run: give the logs of all its attempts; ranks are averaged.")
+    _common(goodput)
+    goodput.add_argument("--json", action="store_true", help="print the account as JSON")
+    goodput.set_defaults(func=_file_errors_are_messages(cmd_goodput))
 
 
 @quiet_on_closed_pipe
