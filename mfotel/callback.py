@@ -29,7 +29,7 @@ import atexit
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import import_module
 from math import isfinite
 from pathlib import Path
@@ -52,11 +52,12 @@ from .config import (
 from .config.otel_env import disabled_notice
 from .endpoint.webconfig import endpoint_web_config
 from .evaluation import Evaluation
-from .extract import NO_OUTPUTS, StepOutputs, cb_param, eval_loss, parse_net_outputs, to_float
+from .extract import NO_OUTPUTS, StepOutputs, cb_param, eval_loss, parse_net_outputs
 from .flops import mfu
-from .identity import RankIdentity, RunIdentity, identity_from_env, rank_port, start_run
+from .identity import RunIdentity, identity_from_env, rank_port, start_run
 from .instruments import AS_IS, Instruments, TrainState
 from .listeners import StepListener, StepSample
+from .mindspore_reads import LearningRateReader, identity_after_init
 from .node_link import Announcement, NodeLink
 from .rank_exporter import RankExporter, rank_exporter
 from .run_end import Removable, RunEnd, RunParts
@@ -71,64 +72,6 @@ if TYPE_CHECKING:  # optional parts, imported when configured (the core never ne
 
 __all__ = ["LearningRateReader", "OTelMonitor", "eval_loss"]
 log = logging.getLogger("mfotel")
-
-
-def _identity_after_init() -> RankIdentity:
-    """Environment identity, corrected by MindSpore's communication layer once init() ran."""
-    identity = identity_from_env()
-    try:
-        from mindspore.communication import (
-            _comm_helper,
-            get_group_size,
-            get_local_rank,
-            get_local_rank_size,
-            get_rank,
-        )
-        if not getattr(_comm_helper, "_is_initialized", lambda: True)():
-            return identity  # without init() these echo the environment (local size 1)
-        return identity.with_communication(get_rank(), get_local_rank(), get_group_size(),
-                                           get_local_rank_size())
-    except Exception:  # noqa: BLE001 - not initialised: a single process
-        return identity
-
-
-class LearningRateReader:
-    """The learning rate a step actually used (get_lr() already returns the next step's).
-
-    What to read is found at the first call and kept (a Cell's attribute lookup costs more
-    than the read): make a new reader when the optimizer's rate was replaced or its table
-    changed (OTelMonitor.learning_rate_changed)."""
-
-    def __init__(self) -> None:
-        self._read: Callable[[], float | None] | None = None
-
-    def __call__(self, optimizer: Any) -> float | None:
-        if optimizer is None:
-            return None
-        if self._read is None:
-            self._read = self._reader(optimizer)
-        return self._read()
-
-    @staticmethod
-    def _reader(optimizer: Any) -> Callable[[], float | None]:
-        lr = optimizer.learning_rate
-        if getattr(optimizer, "is_group_lr", False):
-            lr = lr[0]
-        if not getattr(optimizer, "dynamic_lr", False):  # a Parameter: changed in place
-            item = getattr(lr, "item", None)
-            if item is not None and getattr(lr, "size", 0) == 1:
-                return item  # type: ignore[no-any-return]  # one element: a Python float
-            return lambda: to_float(lr)
-        global_step = optimizer.global_step
-
-        def used_step() -> int:
-            return max(int(to_float(global_step) or 0) - 1, 0)
-        table = getattr(lr, "learning_rate", None)  # list lr: _IteratorLearningRate
-        if table is not None and getattr(table, "ndim", 0) == 1:
-            values = table.asnumpy()
-            return lambda: float(values[min(used_step(), len(values) - 1)])
-        from mindspore import Tensor, int32
-        return lambda: to_float(lr(Tensor(used_step(), int32)))
 
 
 class _RecordPlan(NamedTuple):
@@ -325,7 +268,7 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
     def on_train_begin(self, run_context: Any) -> None:
         if not self.config.enable:
             return
-        self.identity = _identity_after_init()
+        self.identity = identity_after_init()
         self._start(run_context)
 
     def _start(self, run_context: Any) -> None:

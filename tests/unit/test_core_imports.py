@@ -26,6 +26,7 @@ from tests.support.paths import ROOT
 FRAMEWORK_IMPORTERS = {
     "mfotel.callback": "module",         # OTelMonitor, the MindSpore adapter
     "mfotel.cells": "module",            # TrainOneStepWithGradNorm
+    "mfotel.mindspore_reads": "function",  # the rank after init(), the lr a step used
     "mfotel.actions.lr_scale": "function",  # scales the optimizer's learning rate in place
     "mfotel.cli": "function",            # `mfotel demo`'s last-scrape callback
     "mfotel.demo": "function",           # the demo trains a real network
