@@ -28,7 +28,7 @@ test:
 	scripts/bootstrap.sh test
 	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q --collect-only \
 	    -p no:cacheprovider >/dev/null 2>&1 & $(MAKE) lint; status=$$?; wait; exit $$status
-	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL) --durations=15
+	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL) --durations=40
 
 # ruff and mypy as configured in pyproject.toml (both from the dev extra: `make test` installs
 # them); both report, either failing fails

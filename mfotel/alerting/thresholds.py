@@ -107,6 +107,11 @@ class RulesConfig:
     departure_seconds: int = 10
     departure_step_factor: float = 3.0
     cascade_window: str = "1h"
+    # the culprit's page keeps firing this long after its expression last held (Prometheus'
+    # keep_firing_for): the facts a departure is read from move between sources as the job
+    # ends (a rank's series, its node agent's, the held records), and one evaluation between
+    # them must not resolve the page and page again
+    culprit_keep_firing_for: str = "1m"
     # goodput (mfotel.alerting.goodput): a run's account covers its life up to this long;
     # a warning when its goodput over the last hour stays below the floor for goodput_for
     goodput_run_window: str = "30d"

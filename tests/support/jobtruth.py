@@ -294,6 +294,12 @@ class FaultyJob:
         self._watchers.append(watcher)
         return watcher
 
+    def ranks_gone(self) -> bool:
+        """Whether every rank process ended (msrun's scheduler may linger: with a long
+        `MS_NODE_TIMEOUT` it waits that long again for the ranks it lost)."""
+        pids = self.pids()
+        return len(pids) == self.ranks and not any(map(self._ours, pids.values()))
+
     def processes_gone(self) -> bool:
         """Whether every process of the job's script ended (ranks and msrun's scheduler)."""
         return not self._processes()
@@ -315,6 +321,14 @@ class FaultyJob:
         wait_for(lambda: self.notifications(alertname, stack), settle(timeout), 1.0,
                  f"a notification of {alertname}", details=self.log_tail)
         return self.notifications(alertname, stack)[0]
+
+    def history(self, stack: SimStack | None = None) -> list[tuple[float, str, str, str, str]]:
+        """Every alert of the job received, firing or resolved, in order: (seconds after the
+        start, status, alertname, rank, startsAt): what a failed page count is read from."""
+        return [(round(a.received_at - self.started, 1), a.status, a.alertname,
+                 a.labels.get("rank", ""), a.starts_at)
+                for a in (stack or self.stack).receiver.received(
+                    lambda a: a.labels.get("job_name") == self.job_name)]
 
     def pages(self, stack: SimStack | None = None) -> list[list[tuple[str, str | None]]]:
         """The critical notifications about the job: [(alertname, rank or None), ...] each."""

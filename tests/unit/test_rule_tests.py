@@ -60,6 +60,7 @@ MOVED = {
     "departure_seconds": ("12", "5"),
     "departure_step_factor": ("5", "2"),
     "cascade_window": ("2h", "30m"),
+    "culprit_keep_firing_for": ("2m", "30s"),
     "goodput_run_window": ("60d", "7d"),
     "goodput_floor_ratio": ("0.5", "0.7"),
     "goodput_for": ("30m", "10m"),
