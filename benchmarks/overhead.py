@@ -218,23 +218,23 @@ def job_signal_cost(monitor: OTelMonitor, steps: int = 20_000, repeats: int = 9
     job-level signals, on a monitor that has trained: with them, `mark_step_begin` also
     stamps the step-begin time and bumps the state's version, and the step end sums the
     time outside the step (as OTelMonitor's step path does); without, the hook only marks
-    the clock (the rank's instruments hidden). Best of `repeats`, interleaved."""
-    instruments = monitor._instruments
-    assert instruments is not None, "the monitor has not trained"
-    state = instruments.state
+    the clock (the run's parts hidden). Best of `repeats`, interleaved."""
+    parts = monitor._parts
+    assert parts is not None, "the monitor has not trained"
+    state = parts.exporter.instruments.state
 
     def loop(signals: bool) -> Callable[[], None]:
         def run() -> None:
             clock = monitor.clock = StepClock(RecordSchedule(50), 8)
             clock.first_step(0)
-            monitor._instruments = instruments if signals else None
+            monitor._parts = parts if signals else None
             mark, perf = monitor.mark_step_begin, time.perf_counter
             for cur in range(1, steps + 1):
                 mark()
                 tick = clock.end(cur, perf())
                 if signals and tick.outside is not None:
                     state.step_outside += tick.outside
-            monitor._instruments = instruments
+            monitor._parts = parts
         return run
     best = {False: math.inf, True: math.inf}
     for _ in range(repeats):

@@ -26,8 +26,8 @@ handles both signals:
   error), the run is reported failed, not cancelled.
 - A forked child (a dataset worker) forgets all this: it is not the training run.
 
-    lifecycle.enter(monitor)   # at train begin, on the main thread
-    lifecycle.leave(monitor)   # last step of monitor.close(); re-delivers a deferred signal
+    lifecycle.enter(run_end)   # at train begin, on the main thread (mfotel.run_end.RunEnd)
+    lifecycle.leave(run_end)   # last step of the monitor's close(); re-delivers a deferred signal
 """
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ _POLL_SECONDS = 0.05
 
 
 class Finishable(Protocol):
-    """What the guard needs from a monitor."""
+    """What the guard needs from a monitor's run (mfotel.run_end.RunEnd: its close() is the
+    monitor's)."""
 
     @property
     def closed(self) -> bool:

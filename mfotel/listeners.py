@@ -1,8 +1,9 @@
 """How optional parts follow a run: a small listener contract (no MindSpore import).
 
-The callback records the metric contract itself; everything optional (the live page's
-history, the fast page on the first non-finite loss, the actions engine, job-level signals)
-attaches as a `StepListener` and is called in the order attached:
+The step path (mfotel.step_record) records the metric contract itself, the job-level series
+included; everything optional (the live page's history, the fast page on the first
+non-finite loss, the actions engine, the node agent's step heartbeat) attaches as a
+`StepListener` and is called in the order attached:
 
     class Printer(StepListener):
         def on_record(self, sample, values):
@@ -12,8 +13,8 @@ attaches as a `StepListener` and is called in the order attached:
 
 A listener runs on the training thread: it keeps its work small (assignments, a queue put)
 and never raises (a failure is counted in `mfotel_export_errors_total{stage="callback"}`).
-`on_step` costs every step, so only the listeners that override it are called every step;
-the others hear of the steps that matter to them (records, non-finite values).
+Each hook calls only the listeners that override it: `on_step_begin` and `on_step` cost every
+step, the others come with the steps that matter to them (records, non-finite values).
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ class StepSample(NamedTuple):
 
 class StepListener:
     """Base class: override what you need; every method is a no-op here."""
+
+    def on_step_begin(self, wall: float) -> None:
+        """Every step's begin (unix time `wall`). Only listeners that override it are called."""
 
     def on_step(self, sample: StepSample) -> None:
         """Every step, after the contract's series were updated (last of the step's calls).

@@ -24,8 +24,8 @@ the rank's live page links the rank's stacks on it.
 Without `MFOTEL_NODE_DIR` (no launcher) nothing of this happens.
 
     link = NodeLink.join(Announcement(pid=os.getpid(), job_name="llama", rank=1, ...))
-    link.step_begin(time.time()); link.step_end(12, time.time())
-    link.close()
+    link.step_begin(time.time()); link.step_end(12, time.time())   # or, as a StepListener,
+    link.close()                                                     # the step path calls it
     # the agent's side
     announcements(directory)              # [Announcement(...), ...]
     read_progress(directory / "progress-4242")   # Progress(step=12, begin=..., end=...)
@@ -40,10 +40,12 @@ import os
 import signal
 import struct
 import tempfile
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
+from .listeners import StepListener, StepSample
 from .regular_file import NotRegularFile, read_regular_file
 
 ENV_DIR = "MFOTEL_NODE_DIR"
@@ -185,8 +187,9 @@ def read_node_endpoint(directory: Path) -> tuple[int, str] | None:
     return port, scheme
 
 
-class NodeLink:
-    """A rank's side of the rendezvous (see the module docstring)."""
+class NodeLink(StepListener):
+    """A rank's side of the rendezvous (see the module docstring); attached to the run as a
+    listener, it keeps the heartbeat at every step's begin and end."""
 
     def __init__(self, directory: Path, announcement: Announcement, progress: mmap.mmap | None,
                  stacks: IO[str] | None) -> None:
@@ -241,6 +244,12 @@ class NodeLink:
         if self._progress is not None:
             _DOUBLE.pack_into(self._progress, 0, step)
             _DOUBLE.pack_into(self._progress, 16, at)
+
+    def on_step_begin(self, wall: float) -> None:
+        self.step_begin(wall)
+
+    def on_step(self, sample: StepSample) -> None:
+        self.step_end(sample.step, time.time())
 
     def run_ended(self, at: float) -> None:
         """The run's final status is shown (it lingers, stops stepping, on purpose)."""

@@ -1,9 +1,14 @@
-"""The end of a run: the final status, and the ordered shutdown steps of close() (no MindSpore).
+"""The end of a run, in one place: the final status, what ends it, and close()'s ordered
+shutdown (no MindSpore).
 
-    end = RunEnd(report)                      # report(step_name, exc): count and warn once
+    end = RunEnd(instruments, warn_once)      # at train begin (mfotel.run_parts assembles it)
+    end.arm(monitor.close, close_seconds(cfg))   # atexit, SIGTERM / SIGINT (mfotel.lifecycle)
+    end.stop(run_context.request_stop)        # on_nonfinite: stop, an action: once
     end.on_signal(signal.SIGTERM, None)       # mfotel.lifecycle: show cancelled at once
-    if end.begin(end.decide(total_steps=100, last_step=100)):   # once, first thread wins
-        end.shutdown(parts.shutdown_steps(end, last_step, monitor, monitor.close))
+    end.fail(exc)                             # an exception leaves Model.train: close now
+    end.finish(parts, total_steps=100, last_step=100)   # the monitor's close()
+
+mfotel.lifecycle finishes the run's end (a `Finishable`): its close() is the monitor's.
 
 Final status (`final_status`, a table in tests/unit/test_run_end.py): completed when the run
 reached its last step without being stopped; an exception leaving `Model.train` is failed,
@@ -11,9 +16,11 @@ or cancelled when it is Ctrl-C or a chained signal handler's sys.exit(); otherwi
 ended by SIGTERM / SIGINT is cancelled, unless a dead child process explains the signal
 (MindSpore SIGTERMs itself when a dataset worker dies): then, like any early end, failed.
 
-Every shutdown step runs even when an earlier one fails; a failure is reported, never raised.
-KeyboardInterrupt (a second Ctrl-C during the linger) cuts the first steps short, and the
-rest still run.
+close() runs once, from whichever thread comes first (the training thread at train end, the
+signal watcher, atexit). Every shutdown step runs even when an earlier one fails; a failure
+is counted in `mfotel_export_errors_total{stage="shutdown"}` and warned about once, never
+raised. KeyboardInterrupt (a second Ctrl-C during the linger) cuts the first steps short, and
+the rest still run.
 """
 from __future__ import annotations
 
@@ -22,27 +29,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from . import contract, lifecycle
-from .checkpoints import CheckpointWatch
 from .config import MonitorConfig
-from .identity import RunIdentity, finish_run
-from .listeners import StepListener
-from .node_link import NodeLink
-from .rank_exporter import RankExporter
+from .identity import finish_run
+from .instruments import Instruments
 from .sinks import LineWriter
+
+if TYPE_CHECKING:
+    from .run_parts import RunParts
 
 log = logging.getLogger("mfotel")
 
 Step = tuple[str, Callable[[], object]]
-
-
-class Removable(Protocol):
-    """A file the run wrote that a normal end removes (mfotel.cluster.discovery.FileSdWriter)."""
-
-    def remove(self) -> None: ...
 
 
 def final_status(*, error: BaseException | None, stopped: bool, total_steps: int | None,
@@ -59,11 +59,20 @@ def final_status(*, error: BaseException | None, stopped: bool, total_steps: int
     return contract.STATUS_FAILED
 
 
-class RunEnd:
-    """What decides the end of one run, and close() run once from whichever thread comes."""
+def close_seconds(cfg: MonitorConfig) -> float:
+    """The longest close() may take: the last lines (flushed before the linger, then the
+    writer stopped), the linger, and the final OTLP push of each provider."""
+    return (3 * LineWriter.FLUSH_SECONDS + cfg.prometheus.linger_seconds
+            + 2 * cfg.otlp.timeout_seconds)
 
-    def __init__(self, report: Callable[[str, BaseException], None]) -> None:
-        self.report = report
+
+class RunEnd:
+    """What ends one run and how (see the module docstring): the facts the final status is
+    decided from, the status shown meanwhile on `instruments`, and close() run once."""
+
+    def __init__(self, instruments: Instruments, warn_once: Callable[[str, str], None]) -> None:
+        self.instruments = instruments
+        self.warn_once = warn_once
         self.stopped = False                  # stopped before its last step (request_stop)
         self.error: BaseException | None = None   # what left Model.train, if anything
         self.signalled: int | None = None     # SIGTERM / SIGINT received (mfotel.lifecycle)
@@ -71,19 +80,63 @@ class RunEnd:
         self.closing_thread: int | None = None  # ident of the thread running close()
         self.closed = False
         self.final_status: int | None = None   # decided when close() begins
+        self.final_scraped = False    # whether a scrape saw the final status before shutdown
         self._once = threading.Lock()
+        self._close: Callable[[], None] | None = None   # the monitor's close(), once armed
+        self._close_seconds = 0.0
 
-    def on_signal(self, signum: int, failure: str | None) -> int | None:
-        """Note a terminating signal; the status to show at once, or None when the run is
-        already ending (it keeps its final status). Assignments only: a signal handler."""
+    # ------------------------------------------------------------------ while the run goes on
+    def arm(self, close: Callable[[], None], seconds: float) -> None:
+        """From now on the run ends whatever becomes of training: `close` (the monitor's, at
+        most `seconds` long) at interpreter exit and at SIGTERM / SIGINT (last: a failed start
+        leaves the signal handlers alone). Raises what lifecycle.enter raises; the last
+        shutdown steps undo both."""
+        self._close, self._close_seconds = close, seconds
+        atexit.register(close)
+        lifecycle.enter(self)
+
+    def stop(self, ask: Callable[[], None]) -> None:
+        """Stop before the last step, once: `ask` MindSpore to (run_context.request_stop)."""
+        if not self.stopped:
+            self.stopped = True
+            ask()
+
+    def fail(self, error: BaseException) -> bool:
+        """`error` left Model.train; True when it is the first (close now: it ends failed, or
+        cancelled, before the exception leaves train())."""
+        if self.error is not None:
+            return False
+        self.error = error
+        return True
+
+    def on_signal(self, signum: int, failure: str | None) -> None:
+        """Note a terminating signal and show its status at once: cancelled, or failed when
+        `failure` (a dead child) explains it; a run already ending keeps its final status.
+        Assignments only: a signal handler or the watcher thread (mfotel.lifecycle)."""
         if self.signalled is None:
             self.signalled = signum
         if failure is not None and self.child_failure is None:
             self.child_failure = failure
-        if self.closing_thread is not None:
-            return None
-        return contract.STATUS_FAILED if self.child_failure else contract.STATUS_CANCELLED
+        if self.closing_thread is None:
+            failed = self.child_failure is not None
+            self.instruments.state.status = \
+                contract.STATUS_FAILED if failed else contract.STATUS_CANCELLED
+            self.instruments.version += 1
 
+    def running_again(self) -> None:
+        """A step ended while the status is not running: the first step, or steps that go on
+        after a signal (a chained handler that stops later or never, a KeyboardInterrupt
+        MindSpore swallowed). Running, unless close() began: checked before the assignment
+        and after it, since close() may begin on another thread in between (begin() sets the
+        final status before `closing_thread`, so the second check restores it)."""
+        state = self.instruments.state
+        if self.closing_thread is not None:
+            return
+        state.status = contract.STATUS_RUNNING
+        if self.closing_thread is not None and self.final_status is not None:
+            state.status = self.final_status
+
+    # ------------------------------------------------------------------ close
     @property
     def reason(self) -> str:
         """Why the run ended (`mindformers_train_end_timestamp_seconds{reason}`): completed,
@@ -105,11 +158,30 @@ class RunEnd:
         if not self._once.acquire(blocking=False):
             return False
         self.final_status = status
-        self.closing_thread = threading.get_ident()  # after the status: see the step path
+        self.closing_thread = threading.get_ident()  # after the status: see running_again
         if self.child_failure is not None:
             log.warning("mfotel: SIGTERM after %s (MindSpore ends a run whose dataset worker "
                         "died that way): status failed", self.child_failure)
         return True
+
+    def finish(self, parts: RunParts, total_steps: int | None, last_step: int) -> None:
+        """Final status, last lines, linger, then everything else in `shutdown_steps`'s order;
+        once, whichever thread comes first."""
+        if self.begin(self.decide(total_steps, last_step)):
+            self.shutdown(shutdown_steps(parts, self, last_step))
+
+    # mfotel.lifecycle.Finishable: the signal guard finishes the run through the monitor
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+
+    def close_seconds(self) -> float:
+        return self._close_seconds
+
+    def forget_close(self) -> None:
+        """Interpreter exit has nothing to close any more (undoes arm's atexit)."""
+        if self._close is not None:
+            atexit.unregister(self._close)
 
     def shutdown(self, steps: tuple[Sequence[Step], Sequence[Step], Step]) -> None:
         """Run `first` (cut short by KeyboardInterrupt), then `then`, mark closed, then `last`
@@ -129,80 +201,69 @@ class RunEnd:
         try:
             action()
         except Exception as exc:  # noqa: BLE001 - the end of training must not raise into MindSpore
-            self.report(name, exc)
+            self.instruments.count_error("shutdown")
+            self.warn_once(f"shutdown:{name}", f"mfotel: {name} failed at the end of training "
+                           f"({type(exc).__name__}: {exc}); the other shutdown steps ran, "
+                           f"failures are counted in mfotel_export_errors_total"
+                           f"{{stage=\"shutdown\"}}")
 
 
-def linger(exporter: RankExporter, cfg: MonitorConfig) -> bool:
+def show_status(parts: RunParts, status: int, reason: str) -> None:
+    """The final status, when and why the run ended; the node agent's heartbeat says it too
+    (it lingers now: no stopped rank to capture stacks of)."""
+    instruments = parts.exporter.instruments
+    state, ended = instruments.state, time.time()
+    state.status, state.end_timestamp, state.end_reason = status, ended, reason
+    instruments.touch()
+    if parts.node_link is not None:
+        parts.node_link.run_ended(ended)
+
+
+def linger(parts: RunParts) -> bool:
     """Keep /metrics up for the final scrape; whether a scrape saw the final values."""
-    prom = cfg.prometheus
-    if not prom.linger_seconds or exporter.telemetry.endpoint is None:
+    prom, telemetry = parts.config.prometheus, parts.exporter.telemetry
+    if not prom.linger_seconds or telemetry.endpoint is None:
         return False
     log.info("mfotel: keeping /metrics up for the final scrape (at most %.0f s)",
              prom.linger_seconds)
     if prom.linger_until_scraped:
-        return exporter.telemetry.wait_scraped(prom.linger_seconds)
+        return telemetry.wait_scraped(prom.linger_seconds)
     time.sleep(prom.linger_seconds)
     return False
 
 
-@dataclass
-class RunParts:
-    """The parts of one run that its end shuts down, in this order (`shutdown_steps`)."""
+def shutdown_steps(parts: RunParts, end: RunEnd, last_step: int
+                   ) -> tuple[list[Step], list[Step], Step]:
+    """close()'s steps, (first, then, last) for RunEnd.shutdown: the status and the last lines
+    before the linger; the final checkpoint save (train end) happened before, or never will;
+    the endpoint stops after every part that a scrape or the node agent reads."""
+    assert end.final_status is not None
+    status, reason = end.final_status, end.reason
+    completed = status == contract.STATUS_COMPLETED
+    lines = parts.lines
 
-    config: MonitorConfig
-    rank: int
-    job_name: str
-    exporter: RankExporter
-    run: RunIdentity
-    lines: LineWriter | None = None
-    checkpoints: list[CheckpointWatch] = field(default_factory=list)
-    listeners: list[StepListener] = field(default_factory=list)
-    file_sd: Removable | None = None
-    node_link: NodeLink | None = None  # what the node agent reads (mfotel-instrument)
-    final_scraped: bool = False    # whether a scrape saw the final status before shutdown
+    def keep_up() -> None:
+        end.final_scraped = linger(parts)
 
-    def show_status(self, status: int, reason: str) -> None:
-        state = self.exporter.instruments.state
-        ended = time.time()
-        state.status, state.end_timestamp, state.end_reason = status, ended, reason
-        self.exporter.instruments.touch()
-        if self.node_link is not None:  # it lingers now: no stopped rank to capture stacks of
-            self.node_link.run_ended(ended)
-
-    def _linger(self) -> None:
-        self.final_scraped = linger(self.exporter, self.config)
-
-    def _close_listeners(self) -> None:
-        for listener in self.listeners:
+    def close_listeners() -> None:
+        for listener in parts.listeners:
             listener.on_close()
-
-    def _detach_checkpoints(self) -> None:
-        for watch in self.checkpoints:
-            watch.detach()
-
-    def shutdown_steps(self, end: RunEnd, last_step: int, member: lifecycle.Finishable,
-                       close: Callable[[], None]) -> tuple[list[Step], list[Step], Step]:
-        """close()'s steps: (first, then, last) for RunEnd.shutdown. `member` is the monitor
-        registered with mfotel.lifecycle, `close` its close() registered with atexit."""
-        assert end.final_status is not None
-        status, reason = end.final_status, end.reason
-        completed = status == contract.STATUS_COMPLETED
-        lines = self.lines
-        first: list[Step] = [("status", lambda: self.show_status(status, reason))]
-        if lines is not None:  # the last lines before the linger, not after it
-            first.append(("monitor lines", lines.flush))
-        first.append(("linger", self._linger))
-        # the final checkpoint save (train end) happened before, or never will
-        then: list[Step] = [("checkpoint watch", self._detach_checkpoints),
-                            ("listeners", self._close_listeners)]
-        if lines is not None:
-            then.append(("file sinks", lines.close))
-        then.append(("run state", lambda: finish_run(self.config.run, self.rank, self.job_name,
-                                                     self.run, last_step, completed)))
-        if self.file_sd is not None and completed:
-            then.append(("file_sd", self.file_sd.remove))
-        if self.node_link is not None:
-            then.append(("node link", self.node_link.close))
-        then += [("telemetry", self.exporter.shutdown),
-                 ("atexit", lambda: atexit.unregister(close))]
-        return first, then, ("signal handlers", lambda: lifecycle.leave(member))
+    first: list[Step] = [("status", lambda: show_status(parts, status, reason))]
+    if lines is not None:
+        first.append(("monitor lines", lines.flush))
+    first.append(("linger", keep_up))
+    then: list[Step] = []
+    if parts.checkpoint is not None:
+        then.append(("checkpoint watch", parts.checkpoint.detach))
+    then.append(("listeners", close_listeners))
+    if lines is not None:
+        then.append(("file sinks", lines.close))
+    then.append(("run state", lambda: finish_run(parts.config.run, parts.rank, parts.job_name,
+                                                 parts.run, last_step, completed)))
+    if parts.file_sd is not None and completed:
+        then.append(("file_sd", parts.file_sd.remove))
+    if parts.node_link is not None:
+        then.append(("node link", parts.node_link.close))
+    then += [("telemetry", parts.exporter.shutdown), ("atexit", end.forget_close)]
+    # last: lifecycle re-delivers a signal that waited for the close (it may end the process)
+    return first, then, ("signal handlers", lambda: lifecycle.leave(end))

@@ -39,14 +39,15 @@ FRAMEWORKS = ("mindspore", "mindformers")
 OPTIONAL = ("actions", "alerting", "cluster", "dashboards", "demo", "integrations", "localstack",
             "logs", "ui", "assets", "cli", "__main__")
 
-#: The only imports from the core into an optional part: what the callback (and the telemetry
-#: it builds) attach when the run's settings ask for them. Each must stand inside a function
-#: (or under TYPE_CHECKING), never at module level, so a run without them never loads them.
+#: The only imports from the core into an optional part: what a run's assembly (and the
+#: telemetry it builds) attach when the run's settings ask for them. Each must stand inside a
+#: function (or under TYPE_CHECKING), never at module level, so a run without them never
+#: loads them.
 ATTACHMENTS = {
-    ("mfotel.callback", "mfotel.actions.engine"): "`actions:` rules act on the run",
-    ("mfotel.callback", "mfotel.alerting.fastpage"): "`alertmanager_url`: the NaN fast page",
-    ("mfotel.callback", "mfotel.cluster.rank_setup"): "`file_sd` targets and multi-rank set-up",
-    ("mfotel.callback", "mfotel.ui"): "the live page (`prometheus.ui`, on by default)",
+    ("mfotel.run_parts", "mfotel.actions.engine"): "`actions:` rules act on the run",
+    ("mfotel.run_parts", "mfotel.alerting.fastpage"): "`alertmanager_url`: the NaN fast page",
+    ("mfotel.run_parts", "mfotel.cluster.rank_setup"): "`file_sd` targets, multi-rank set-up",
+    ("mfotel.run_parts", "mfotel.ui"): "the live page (`prometheus.ui`, on by default)",
     ("mfotel.telemetry", "mfotel.cluster.otlp"): "`otlp.endpoint`: the OTLP push",
 }
 
@@ -232,7 +233,11 @@ def test_the_scan_sees_function_level_and_dynamic_imports():
     assert ("mfotel.demo.command", "mindspore.train", "function") in found
     assert ("mfotel.callback", "mindspore.train", "module") in found
     assert any(i.importer == "mfotel.telemetry" and i.where == "type" for i in IMPORTS)
-    assert ("mfotel.callback", "mfotel.alerting.fastpage", "function") in found  # import_module
+    assert ("mfotel.run_parts", "mfotel.alerting.fastpage", "function") in found
+    dynamic = _Imports("mfotel.run_parts")
+    dynamic.visit(ast.parse("def attach():\n    import_module('.alerting.fastpage', __package__)"))
+    assert [(i.target, i.where) for i in dynamic.found] == [("mfotel.alerting.fastpage",
+                                                             "function")]
     assert len(MODULES) > 60 and all(part(m) for m in MODULES)
 
 
