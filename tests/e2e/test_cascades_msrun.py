@@ -6,7 +6,7 @@ the graph), most under the real `mfotel-instrument` (its node agent reports the 
 captures a stuck rank's stacks), watched by real Prometheus and Alertmanager servers with the
 shipped configs and a webhook (tests/support/jobtruth.py). MindSpore's time-outs are its own:
 by default its CPU collective gives up on a silent peer after 30 s (`MS_NODE_TIMEOUT`), before
-any stall threshold; with `MS_NODE_TIMEOUT=120` the stall pages first and the later exits must
+any stall threshold; with `MS_NODE_TIMEOUT=300` the stall pages first and the later exits must
 not page a healthy rank. Two stacks watch one job where both stall thresholds matter: the
 shipped `stall_seconds` (900 s: only the time-out can page) and a short one (10 s).
 
@@ -32,6 +32,9 @@ from tests.support.waiting import settle, wait_for
 pytestmark = pytest.mark.slow
 
 HANG_STEP = 30
+#: Each rank sleeps this long inside each step (~4 steps/s): a step's compute is a few ms of a
+#: core, and at 0.05 s (18 steps/s) the suite's concurrent jobs alone kept both cores busy.
+STEP_SLEEP = 0.2
 #: The rules as shipped for the stall (900 s, for 2m), the rest shortened as JOB_RULES.
 SHIPPED_STALL = dataclasses.replace(JOB_RULES, stall_seconds=900, stall_for="2m")
 #: A short stall threshold, as an operator of short steps would set it.
@@ -40,9 +43,10 @@ SHORT_STALL = dataclasses.replace(JOB_RULES, stall_seconds=10, stall_for="3s")
 #: of a group that changed comes this long after the first, so a shorter one shows a second
 #: page of an incident sooner (the routes, group_wait and inhibitions are as shipped).
 CRITICAL_GROUP_INTERVAL = 10.0
-#: A long time-out: 4 x MindSpore's 30 s, long enough that the short stall threshold pages
-#: first (about 25 s after the hang) and the time-out's exits come as the page's context.
-LONG_TIMEOUT = {"MS_NODE_TIMEOUT": "120"}
+#: A long time-out (10 x MindSpore's 30 s): the short stall threshold pages first (about 25 s
+#: after the hang) and the time-out's exits come as the page's context. The suite's longest
+#: test: it waits the time-out out, but not msrun's scheduler, which waits it once more.
+LONG_TIMEOUT = {"MS_NODE_TIMEOUT": "300"}
 
 
 def _job(workdir: Path, fault: str, **options: Any) -> FaultyJob:
@@ -83,13 +87,13 @@ def _only_the_culprit(watch: AlertWatch, rank: str, job: FaultyJob) -> None:
 
 # ---------------------------------------------------------------- a rank blocks in its loader
 def test_a_hang_past_a_long_time_out_pages_once_before_and_nothing_after(tmp_path):
-    """`MS_NODE_TIMEOUT=120`: with a short stall threshold the stall pages rank 1 first; 2
+    """`MS_NODE_TIMEOUT=300`: with a short stall threshold the stall pages rank 1 first; 5
     minutes later rank 0 times out and msrun kills rank 1: nothing more pages (counted once
     the ranks ended: msrun's scheduler then waits the time-out again for the ranks it lost,
     exporting nothing). With the shipped threshold the time-out is what pages, naming rank 1."""
     with _job(tmp_path, "hang", fault_at=HANG_STEP, seconds=3600, launcher=True,
                    rules=SHORT_STALL, also={"shipped": SHIPPED_STALL}, env=LONG_TIMEOUT,
-                   step_sleep=0.05) as job:
+                   step_sleep=STEP_SLEEP) as job:
         short, shipped = job.watch(), job.watch(job.stacks["shipped"])
         job.wait_running()
         [first] = job.wait_notified("MindFormersTrainingStalled", 180)
@@ -105,25 +109,28 @@ def test_a_hang_past_a_long_time_out_pages_once_before_and_nothing_after(tmp_pat
             job.history(job.stacks["shipped"])
         _only_the_culprit(short, "1", job)
         _only_the_culprit(shipped, "1", job)
-        _say("hang, MS_NODE_TIMEOUT=120",
+        _say("hang, MS_NODE_TIMEOUT=300",
              stall_page_after_start_s=round(first.received_at - job.started, 1),
              time_out_page_after_start_s=round(late.received_at - job.started, 1))
 
 
-def test_a_hang_with_mindsporess_time_out_pages_the_hung_rank_once_with_its_stacks(tmp_path):
-    """Rank 2 of 4 blocks forever in its dataset's `__getitem__` after step 29; ranks 0, 1 and
-    3 wait inside step 30 until MindSpore's collective gives up (30 s), fail, and msrun kills
-    rank 2. Both stall thresholds: one page naming rank 2 ("After it: rank ... failed"), whose
-    stacks link shows the blocking frame; never a page for a rank that waited."""
-    with _job(tmp_path, "hang", ranks=4, fault_rank=2, fault_at=HANG_STEP, seconds=3600,
-              launcher=True, rules=SHIPPED_STALL, also={"short": SHORT_STALL},
-              step_sleep=0.05) as job:
+@pytest.mark.parametrize("ranks, hung", [(2, 1), (4, 2)], ids=["2-ranks", "4-ranks"])
+def test_a_hang_with_mindsporess_time_out_pages_the_hung_rank_once_with_its_stacks(
+        tmp_path, ranks, hung):
+    """The hung rank blocks forever in its dataset's `__getitem__` after step 29; the others
+    wait inside step 30 until MindSpore's collective gives up (30 s), fail, and msrun kills the
+    hung rank. Both stall thresholds: one page naming the hung rank ("After it: rank ...
+    failed"), whose stacks link shows the blocking frame; never a page for a rank that
+    waited."""
+    with _job(tmp_path, "hang", ranks=ranks, fault_rank=hung, fault_at=HANG_STEP,
+              seconds=3600, launcher=True, rules=SHIPPED_STALL, also={"short": SHORT_STALL},
+              step_sleep=STEP_SLEEP) as job:
         shipped, short = job.watch(), job.watch(job.stacks["short"])
         job.wait_running()
         pages = {}
         for name, stack in (("shipped", job.stack), ("short", job.stacks["short"])):
             [page] = job.wait_notified("MindFormersTrainingStalled", 240, stack)
-            assert page.labels["rank"] == "2", page.labels
+            assert page.labels["rank"] == str(hung), page.labels
             pages[name] = page
         description = pages["shipped"].annotations["description"]
         assert "it stopped stepping while the others waited for it" in description, description
@@ -132,11 +139,11 @@ def test_a_hang_with_mindsporess_time_out_pages_the_hung_rank_once_with_its_stac
         assert "__getitem__" in body and "faulty_dp.py" in body, body[:2000]
         ended = _quiet_after_the_end(job)
         for name, stack in (("shipped", job.stack), ("short", job.stacks["short"])):
-            assert job.pages(stack) == [[("MindFormersTrainingStalled", "2")]], (
+            assert job.pages(stack) == [[("MindFormersTrainingStalled", str(hung))]], (
                 name, job.history(stack))
-        _only_the_culprit(shipped, "2", job)
-        _only_the_culprit(short, "2", job)
-        _say("hang of 1 in 4 ranks, MindSpore's time-out",
+        _only_the_culprit(shipped, str(hung), job)
+        _only_the_culprit(short, str(hung), job)
+        _say(f"hang of rank {hung} in {ranks} ranks, MindSpore's time-out",
              page_after_start_s={n: round(p.received_at - job.started, 1)
                                  for n, p in pages.items()},
              job_ended_after_page_s=round(ended - pages["shipped"].received_at, 1),
@@ -149,7 +156,7 @@ def test_a_stopped_rank_is_named_as_stopped_when_the_job_times_out(tmp_path):
     silent, MindSpore's scheduler gives up on it and ends rank 0 (which of the two paths
     MindSpore takes first is a race); one page names rank 1 as stopped, none names no rank."""
     with _job(tmp_path, "none", launcher=True, rules=SHIPPED_STALL,
-                   also={"short": SHORT_STALL}, step_sleep=0.05) as job:
+                   also={"short": SHORT_STALL}, step_sleep=STEP_SLEEP) as job:
         shipped, short = job.watch(), job.watch(job.stacks["short"])
         job.wait_running(seconds=5)
         os.kill(job.pids()[1], signal.SIGSTOP)
@@ -171,11 +178,11 @@ def test_a_stopped_rank_is_named_as_stopped_when_the_job_times_out(tmp_path):
 
 
 def test_a_stopped_rank_past_a_long_time_out_pages_once_and_resumes(tmp_path):
-    """SIGSTOP with `MS_NODE_TIMEOUT=120` and a short stall threshold: the stall pages rank 1
+    """SIGSTOP with `MS_NODE_TIMEOUT=300` and a short stall threshold: the stall pages rank 1
     as stopped (not the job without a rank, and the node agent's warning is no longer the only
     alert naming it); SIGCONT a minute later: training goes on and the page resolves."""
     with _job(tmp_path, "none", launcher=True, rules=SHORT_STALL, env=LONG_TIMEOUT,
-                   step_sleep=0.05) as job:
+                   step_sleep=STEP_SLEEP) as job:
         seen = job.watch()
         job.wait_running(seconds=5)
         rank1 = job.pids()[1]
@@ -194,7 +201,7 @@ def test_a_stopped_rank_past_a_long_time_out_pages_once_and_resumes(tmp_path):
         time.sleep(CRITICAL_GROUP_INTERVAL + 15)
         assert job.pages() == [[("MindFormersTrainingStalled", "1")]], job.history()
         _only_the_culprit(seen, "1", job)
-        _say("SIGSTOP, MS_NODE_TIMEOUT=120",
+        _say("SIGSTOP, MS_NODE_TIMEOUT=300",
              page_after_stop_s=round(page.received_at - stopped_at, 1))
 
 
@@ -206,7 +213,7 @@ def test_an_exception_pages_its_rank_not_the_ranks_killed_after_it(tmp_path, lau
     SIGKILL and vanishing: context)."""
     trigger = tmp_path / "raise-now"
     with _job(tmp_path, "raise", trigger=trigger, launcher=launcher,
-                   step_sleep=0.05, linger_seconds=5) as job:
+                   step_sleep=STEP_SLEEP, linger_seconds=5) as job:
         seen = job.watch()
         job.wait_running(seconds=3)
         raised = job.trigger()
@@ -232,7 +239,7 @@ def test_the_nan_origin_stays_over_the_jobs_end_and_a_finishing_job_misses_nobod
     Alertmanager); nobody is missing, nothing else pages."""
     trigger = tmp_path / "nan-now"
     end_work = 2 * 20 + 10   # JOB_RULES.ranks_missing_for is 20s
-    with _job(tmp_path, "nan", trigger=trigger, steps=400, step_sleep=0.1,
+    with _job(tmp_path, "nan", trigger=trigger, steps=200, step_sleep=STEP_SLEEP,
               end_work=end_work, end_work_rank=0, linger_seconds=5) as job:
         seen = job.watch()
         job.wait_running(seconds=5)

@@ -229,7 +229,7 @@ def test_dead_rank_is_paged_by_name_and_the_stall_it_causes_is_not(tmp_path):
     trigger = tmp_path / "die-now"
     rules_ = dataclasses.replace(JOB_RULES, stall_seconds=10, rank_down_for="5s")
     with FaultyJob(tmp_path, "die", trigger=trigger, join=False, rules=rules_,
-                   step_sleep=0.05) as job:
+                   step_sleep=0.2) as job:
         job.wait_running(seconds=5)
         pids = job.pids()
         killed_at = job.trigger()
