@@ -68,9 +68,13 @@ def _of_run(cfg: RulesConfig, expr: str) -> str:
 
 
 def _same_process(cfg: RulesConfig) -> str:
-    """Ranks whose process is the one a minute ago (the same start)."""
+    """Ranks whose process is the one a minute ago (the same start), and ranks that export no
+    process start (an exporter without the time account, the simulator): nothing tells a new
+    process there, and every minute would otherwise be one."""
     start = cfg.m("mindformers_train_process_start_timestamp_seconds")
-    return f"({start} == {start} offset {INTERVAL})"
+    steps = cfg.m("mindformers_train_steps_total")
+    return (f"(\n  {start} == {start} offset {INTERVAL}\n  or on (job_name, rank)\n"
+            f"  ({steps} unless on (job_name, rank) {start})\n)")
 
 
 def _increase(cfg: RulesConfig, counter: str) -> str:
@@ -102,9 +106,11 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     step_time = f'sum without (phase) ({PHASE_INCREASE}{{phase="step"}})'
     recomputed_time = (f"(\n  {step_time}\n  * {RECOMPUTED_STEPS}\n  / ({STEPS_INCREASE} > 0)\n"
                        f"  or\n  {step_time} * 0\n)")
-    # ranks whose first step of this process came within the minute: the step it resumed after
-    first_step = (f"({steps} > 0)\nunless on (job_name, rank) (\n"
-                  f"  ({steps} offset {INTERVAL} > 0)\n  and on (job_name, rank) "
+    # rank 0, if its first step of this process came within the minute: the step it resumed
+    # after (one rank: the ranks' first steps of one attempt may fall in two minutes)
+    steps0 = m("mindformers_train_steps_total", 'rank="0"')
+    first_step = (f"({steps0} > 0)\nunless on (job_name, rank) (\n"
+                  f"  ({steps0} offset {INTERVAL} > 0)\n  and on (job_name, rank) "
                   f"{_same_process(cfg)}\n)")
     resumed = f"({step} - {steps})\nand on (job_name, rank)\n{first_step}"
     last_event = (f"{start}\n+ on (job_name, rank) group_left ()\n"
