@@ -3,7 +3,7 @@ latency and alert correctness at several cluster sizes, in one run.
 
     .venv/bin/python benchmarks/cluster_sim.py [--sizes 64 256 1024] [--health-at 1024]
 
-Each size runs `mfotel simulate --with-stack` (mfotel/cluster/simulation): N simulated ranks,
+Each size runs `mfotel simulate --with-stack` (mfotel/simulation): N simulated ranks,
 each the real mfotel exposition on its own port, in worker processes of 256 ranks; the shipped
 Prometheus config (file_sd job) twice, both at the shipped 15 s: one with rules generated with
 the simulation's shortened `for:`s, alerting through the shipped Alertmanager config (only
@@ -28,11 +28,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from mfotel.cluster.simulation.run import SimSettings, Simulation, run_simulation
-from mfotel.cluster.simulation.scenario import plan_jobs
-from mfotel.cluster.simulation.stack import Notification, SimStack
 from mfotel.dashboards.queries import ALL, dashboard_queries, substitute
 from mfotel.localstack.servers import http_get_json
+from mfotel.simulation.run import SimSettings, Simulation, run_simulation
+from mfotel.simulation.scenario import plan_jobs
+from mfotel.simulation.stack import Notification, SimStack
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "grafana" / "dashboards"

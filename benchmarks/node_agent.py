@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from mfotel.integrations import procfs
 from mfotel.localstack.servers import free_port_block
+from mfotel.node import procfs
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "support" / "scripts" / "node_agent_job.py"
@@ -60,7 +60,7 @@ def measure(agent: bool, ranks: int, seconds: float, interval: float) -> dict[st
         options += ["--node-port", "0"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "mfotel.integrations.instrument", *options, sys.executable,
+        [sys.executable, "-m", "mfotel.node.instrument", *options, sys.executable,
          str(JOB), "--ranks", str(ranks), "--port", str(node_port + 1), "--control", str(control)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{node_port}/metrics"

@@ -16,12 +16,12 @@ from .assets import add_asset_commands
 from .checks import check_file
 from .closed_pipe import quiet_on_closed_pipe
 from .cluster.discovery import add_targets_command
-from .cluster.simulation.run import add_simulate_command
 from .config import ConfigError, describe, json_schema
 from .config.preflight import FIRST_UNPRIVILEGED_PORT, MAX_PORT
 from .contract import SEED_METRICS
 from .integrations.mindformers_check import document_check
 from .logs.cli import add_log_commands
+from .simulation.run import add_simulate_command
 
 #: --ranks-per-node's bound: each rank of a node serves its own port above the privileged ones.
 MAX_RANKS_PER_NODE = MAX_PORT - FIRST_UNPRIVILEGED_PORT + 1

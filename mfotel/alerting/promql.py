@@ -37,7 +37,7 @@ def alert(cfg: RulesConfig, name: str, expr: str, for_: str, severity: str, summ
 
 
 WHO = "job {{ $labels.job_name }} rank {{ $labels.rank }}"
-#: The node agent's states of a rank whose process lives (mfotel.integrations.node_metrics).
+#: The node agent's states of a rank whose process lives (mfotel.node.metrics).
 ALIVE = 'state=~"running|stopped"'
 ENDED = 'state=~"zombie|exited"'
 #: Exit causes that page: the rank ended on its own, not as asked.

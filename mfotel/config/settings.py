@@ -45,7 +45,7 @@ class PrometheusConfig:
     host: str = "0.0.0.0"  # every rank must be reachable by a cluster Prometheus
     port: int = 9464       # this rank serves port + local rank; 0 turns the endpoint off
     # mfotel-instrument's node endpoint (the ranks' processes as the node sees them);
-    # None: port - 1 (9463), 0: off (mfotel.integrations.node_agent)
+    # None: port - 1 (9463), 0: off (mfotel.node.agent)
     node_port: int | None = None
     # after training ends, keep /metrics up until the final values (status 2/3) have been
     # scraped once, at most this long: else a finished rank looks like a dead one

@@ -14,20 +14,20 @@ import pytest
 import yaml
 
 from mfotel.cluster.discovery import target_groups, write_target_file
-from mfotel.cluster.simulation.run import (
+from mfotel.contract import STATUS_FAILED
+from mfotel.localstack.alerting import shipped_files
+from mfotel.localstack.servers import Prometheus
+from mfotel.simulation.run import (
     SIM_RULES,
     SimSettings,
     Simulation,
     run_simulation,
 )
-from mfotel.cluster.simulation.scenario import (
+from mfotel.simulation.scenario import (
     STATUS_CANCELLED,
     Timing,
 )
-from mfotel.cluster.simulation.stack import route_setting
-from mfotel.contract import STATUS_FAILED
-from mfotel.localstack.alerting import shipped_files
-from mfotel.localstack.servers import Prometheus
+from mfotel.simulation.stack import route_setting
 from tests.support.paths import ROOT
 from tests.support.waiting import MIN_LOAD_FACTOR, load_factor, settle, wait_for
 

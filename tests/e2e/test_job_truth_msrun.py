@@ -18,8 +18,8 @@ from collections.abc import Callable
 import pytest
 
 from mfotel.alerting import rules
-from mfotel.cluster.simulation.stack import route_setting
 from mfotel.localstack.servers import http_get_json, unix_seconds
+from mfotel.simulation.stack import route_setting
 from tests.support.jobtruth import JOB_RULES, FaultyJob
 from tests.support.waiting import settle, wait_for
 

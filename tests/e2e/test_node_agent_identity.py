@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from mfotel.integrations.node_agent import PORT_WINDOW
+from mfotel.node.agent import PORT_WINDOW
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import (
     EXAMPLE,
@@ -42,7 +42,7 @@ from tests.support.waiting import settle, startup, wait_for
 
 pytestmark = pytest.mark.slow
 
-INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
+INSTRUMENT = [sys.executable, "-m", "mfotel.node.instrument"]
 RANK_SCRIPT = ROOT / "tests" / "support" / "scripts" / "node_agent_rank.py"
 JOB = "code-job"          # what the rank is told in code (and tells the agent)
 YAML_JOB = "yaml-job"     # what the training YAML says

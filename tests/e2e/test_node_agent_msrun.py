@@ -38,7 +38,7 @@ from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
 
-INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
+INSTRUMENT = [sys.executable, "-m", "mfotel.node.instrument"]
 TRAIN = ROOT / "tests" / "support" / "scripts" / "node_agent_train.py"
 JOB = "node-agent-msrun"
 GIL_SECONDS = 60

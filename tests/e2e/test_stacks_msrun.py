@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from mfotel.integrations import procfs, stacks
+from mfotel.node import procfs, stacks
 from mfotel.node_link import Announcement, Progress, announcement_path, read_progress
 from tests.support.browser import BROWSER_TIMEOUT_MS, chromium
 from tests.support.http import get
@@ -34,7 +34,7 @@ from tests.support.waiting import msrun_startup, settle, wait_for
 
 pytestmark = pytest.mark.slow
 
-INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
+INSTRUMENT = [sys.executable, "-m", "mfotel.node.instrument"]
 TRAIN = ROOT / "tests" / "support" / "scripts" / "faulty_dp.py"
 JOB = "stacks-msrun"
 STEP_SLEEP = 0.05

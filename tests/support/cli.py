@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mfotel.integrations import instrument
+from mfotel.node import instrument
 from tests.support.waiting import PYTHON_START_SECONDS, settle
 
 #: The `mfotel-instrument` launcher.
-INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
+INSTRUMENT = [sys.executable, "-m", "mfotel.node.instrument"]
 
 
 def mfotel(*args: str, cwd: Path | str | None = None, timeout: float = 300,

@@ -14,7 +14,7 @@ from typing import Any
 import bcrypt
 
 from mfotel.instruments import Instruments
-from mfotel.integrations.procfs import socket_inodes
+from mfotel.node.procfs import socket_inodes
 from mfotel.telemetry import Telemetry
 from tests.support.http import Reply, basic_auth
 from tests.support.http import request as http_request

@@ -5,7 +5,7 @@ shipped configs (the job-level tests): which rank do the alerts and the notifica
         job.wait_alert("MindFormersStragglerRank", timeout=300)
         job.notifications("MindFormersStragglerRank")
 
-The stack is the simulator's (`mfotel.cluster.simulation.stack.SimStack`): the shipped
+The stack is the simulator's (`mfotel.simulation.stack.SimStack`): the shipped
 prometheus.yml (its file_sd job pointed at the file rank 0 writes), alertmanager.yml (only the
 webhook URL changed) and rules generated with `JOB_RULES` (every `for:` and window shortened,
 thresholds as shipped), scraped and evaluated every second.
@@ -27,7 +27,7 @@ import yaml
 
 from mfotel.alerting.rules import RulesConfig
 from mfotel.alerting.webhook import ReceivedAlert
-from mfotel.cluster.simulation.stack import SimStack
+from mfotel.simulation.stack import SimStack
 from tests.support.multirank import (
     VENV_BIN,
     child_env,
@@ -40,7 +40,7 @@ from tests.support.paths import ROOT
 from tests.support.waiting import settle, wait_for
 
 SCRIPT = ROOT / "tests" / "support" / "scripts" / "faulty_dp.py"
-INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
+INSTRUMENT = [sys.executable, "-m", "mfotel.node.instrument"]
 #: The shipped thresholds with every `for:` and look-back shortened to seconds (a rank's
 #: /metrics can miss a 1 s scrape on a loaded machine: rank down waits 20 s; a stall, as
 #: shipped, takes longer than rank down).

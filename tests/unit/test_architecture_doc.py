@@ -1,6 +1,7 @@
 """docs/architecture.md is true to the package: its folder tree lists every module and package
-of mfotel/ (one line each), nothing the page names is gone (`metrics_server.py` was), and its
-table of MindSpore / mindformers importers is the one the source shows."""
+of mfotel/ (one line each), nothing the page names is gone (`metrics_server.py` was), its
+floors stack every part above the parts it imports, and its table of MindSpore / mindformers
+importers is the one the source shows."""
 from __future__ import annotations
 
 import re
@@ -124,3 +125,39 @@ def test_the_framework_table_names_exactly_the_modules_that_import_mindspore_or_
     assert set(direct) == set(found), (set(found) - set(direct), set(direct) - set(found))
     for module, frameworks in found.items():
         assert all(name in table[module] for name in frameworks), (module, table[module])
+
+
+def floors_table(text: str) -> dict[str, int]:
+    """The page's floors: part as the tree writes it (`cli.py`, `node/`) -> its floor."""
+    section = text.split("## Floors", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, int] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].isdigit():
+            for name in re.findall(r"`([\w.]+/?)`", cells[1]):
+                assert name not in rows, f"{name} is on two floors"
+                rows[name] = int(cells[0])
+    return rows
+
+
+def test_the_floors_stack_every_part_above_the_parts_it_imports():
+    """The page's floors are a true picture of the imports: each part of mfotel/ (a top-level
+    folder or module) on one floor, and every import, function level included, runs down to a
+    lower floor (tests/unit/test_core_imports.py proves there is a way to stack them)."""
+    from tests.unit.test_core_imports import MODULES, internal, part, part_graph
+
+    def as_written(name: str) -> str:
+        module = "mfotel" if name == "__init__" else f"mfotel.{name}"
+        return f"{name}/" if MODULES[module].name == "__init__.py" and name != "__init__" \
+            else f"{name}.py"
+
+    table = floors_table(PAGE.read_text())
+    parts = {as_written(part(m)) for m in MODULES}
+    assert set(table) == parts, (sorted(parts - set(table)), sorted(set(table) - parts))
+    assert sorted(set(table.values())) == list(range(1, max(table.values()) + 1))
+    up = [f"{as_written(a)} (floor {table[as_written(a)]}) imports {as_written(b)} "
+          f"(floor {table[as_written(b)]})"
+          for a, targets in part_graph(internal()).items() for b in targets
+          if table[as_written(a)] <= table[as_written(b)]]
+    assert not up, "docs/architecture.md, Floors: imports that do not run down:\n" + \
+        "\n".join(sorted(up))

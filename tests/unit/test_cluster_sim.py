@@ -20,9 +20,14 @@ import yaml
 from mfotel.alerting.rules import RulesConfig
 from mfotel.alerting.webhook import ReceivedAlert
 from mfotel.cluster.discovery import target_groups
-from mfotel.cluster.simulation.node_agents import RankEnd, SimNodeAgent
-from mfotel.cluster.simulation.ranks import SimRank
-from mfotel.cluster.simulation.run import (
+from mfotel.config import parse_config
+from mfotel.contract import STATUS_FAILED
+from mfotel.localstack.alerting import operator_alertmanager_config as alertmanager_config
+from mfotel.localstack.alerting import shipped_files
+from mfotel.localstack.servers import find_binary, free_port
+from mfotel.simulation.node_agents import RankEnd, SimNodeAgent
+from mfotel.simulation.ranks import SimRank
+from mfotel.simulation.run import (
     SIM_RULES,
     SimSettings,
     Simulation,
@@ -32,7 +37,7 @@ from mfotel.cluster.simulation.run import (
     rank_config,
     settings_from_args,
 )
-from mfotel.cluster.simulation.scenario import (
+from mfotel.simulation.scenario import (
     STATUS_CANCELLED,
     JobClock,
     RankSpec,
@@ -41,12 +46,7 @@ from mfotel.cluster.simulation.scenario import (
     plan_jobs,
     slow_factor,
 )
-from mfotel.cluster.simulation.stack import Notification, PrometheusProbe, route_setting
-from mfotel.config import parse_config
-from mfotel.contract import STATUS_FAILED
-from mfotel.localstack.alerting import operator_alertmanager_config as alertmanager_config
-from mfotel.localstack.alerting import shipped_files
-from mfotel.localstack.servers import find_binary, free_port
+from mfotel.simulation.stack import Notification, PrometheusProbe, route_setting
 from tests.support.metrics import samples, scrape, value
 from tests.support.paths import ROOT
 

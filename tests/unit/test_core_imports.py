@@ -30,14 +30,14 @@ FRAMEWORK_IMPORTERS = {
     "mfotel.actions.lr_scale": "function",  # scales the optimizer's learning rate in place
     "mfotel.cli": "function",            # `mfotel demo`'s last-scrape callback
     "mfotel.demo": "function",           # the demo trains a real network
-    "mfotel.integrations": "module",     # mindformers registration, bridge, check, launcher
+    "mfotel.integrations": "module",     # mindformers registration, bridge, YAML check
 }
 FRAMEWORKS = ("mindspore", "mindformers")
 
 #: The optional parts: loaded only when a run's settings or a command need them. Everything
 #: else in the package is the core (a new top-level module is core until listed here).
 OPTIONAL = ("actions", "alerting", "cluster", "dashboards", "demo", "integrations", "localstack",
-            "logs", "ui", "assets", "cli", "__main__")
+            "logs", "node", "simulation", "ui", "assets", "cli", "__main__")
 
 #: The only imports from the core into an optional part: what a run's assembly (and the
 #: telemetry it builds) attach when the run's settings ask for them. Each must stand inside a
@@ -285,6 +285,49 @@ def test_no_import_cycles():
     assert not gone, f"no longer cycles, delete them from KNOWN_CYCLES: {gone}"
 
 
+def part_graph(imports: list[Import]) -> dict[str, set[str]]:
+    """The parts each part imports (function level included, TYPE_CHECKING not)."""
+    graph: dict[str, set[str]] = {}
+    for i in imports:
+        if i.where != "type" and part(i.importer) != part(i.target):
+            graph.setdefault(part(i.importer), set()).add(part(i.target))
+    return graph
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each part's floor: 1 above the highest floor it imports (1: it imports no other part).
+    The graph must have no cycle."""
+    found: dict[str, int] = {}
+
+    def floor(name: str) -> int:
+        if name not in found:
+            found[name] = 1 + max((floor(t) for t in graph.get(name, ())), default=0)
+        return found[name]
+
+    for name in {*graph, *(t for targets in graph.values() for t in targets)}:
+        floor(name)
+    return found
+
+
+def test_no_import_runs_back_up_between_the_parts():
+    """No folder mixes floors: the parts of mfotel/ (each top-level folder or module) import
+    one way, so they stack into floors (docs/architecture.md, "Floors"). A folder holding both
+    a module of the bottom and one of the top (the simulator beside OTLP, the node agent
+    beside the mindformers subclass) makes a cycle here."""
+    graph = part_graph(internal())
+    cycles = runtime_cycles([Import(a, b, "module", 0) for a, targets in graph.items()
+                             for b in targets])
+    back = [str(i) for i in internal() for c in cycles
+            if i.where != "type" and {part(i.importer), part(i.target)} <= c
+            and part(i.importer) != part(i.target)]
+    assert not cycles, f"parts importing each other {cycles}:\n" + "\n".join(back)
+
+
+def test_floors_stack_each_part_above_what_it_imports():
+    graph = {"cli": {"callback", "config"}, "callback": {"config"}, "config": set()}
+    assert floors(graph) == {"config": 1, "callback": 2, "cli": 3}
+
+
 def test_the_cycle_finder_finds_a_latent_cycle():
     """A cycle closed by a function-level import is found; a TYPE_CHECKING one is not."""
     imports = [Import("a", "b", "module", 1), Import("b", "c", "module", 1),
@@ -303,7 +346,8 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import mfotel, mfotel.cli, mfotel.config, mfotel.telemetry, mfotel.instruments, mfotel.logs.parse
 import mfotel.alerting.rules, mfotel.actions.engine, mfotel.actions.control
-import mfotel.cluster.discovery, mfotel.alerting.receiver
+import mfotel.cluster.discovery, mfotel.alerting.receiver, mfotel.node.instrument
+import mfotel.simulation.run
 import mfotel.ui, mfotel.checks, mfotel.localstack.alerting
 cfg = mfotel.parse_config({"step_interval": 5})
 assert cfg.step_interval == 5

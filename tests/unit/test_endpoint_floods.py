@@ -24,9 +24,9 @@ import pytest
 
 from mfotel.config.settings import PrometheusConfig
 from mfotel.endpoint.server import LIVENESS_PATH
-from mfotel.integrations.node_endpoint import NodeEndpoint
-from mfotel.integrations.node_metrics import NodeCollector
 from mfotel.localstack.servers import free_port
+from mfotel.node.endpoint import NodeEndpoint
+from mfotel.node.metrics import NodeCollector
 from tests.support.endpoint import SCRAPER, basic, request, serve
 from tests.support.idle_flood import IdleFlood, declared_body, loopback_sources
 from tests.support.metrics import samples, value

@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from mfotel.config import load_config, parse_config
-from mfotel.integrations.instrument import parse_args as parse_instrument_args
 from mfotel.integrations.mindformers_check import check_mindformers_yaml
-from mfotel.integrations.node_service import node_port
 from mfotel.localstack.servers import find_binary
+from mfotel.node.instrument import parse_args as parse_instrument_args
+from mfotel.node.service import node_port
 from tests.support.paths import ROOT
 
 EXAMPLES = ROOT / "examples"

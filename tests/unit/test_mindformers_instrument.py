@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mfotel.integrations import instrument
+from mfotel.node import instrument
 from tests.support.cli import INSTRUMENT, instrument_env, run
 
 PYTHON = sys.executable

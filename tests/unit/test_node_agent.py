@@ -24,16 +24,17 @@ from typing import Any
 
 import pytest
 
-from mfotel.integrations import liveness, node_metrics, procfs
-from mfotel.integrations.node_agent import PORT_WINDOW, Exit, RankView, rank_info, rank_of
-from mfotel.integrations.node_service import config_argument, node_port, training_config
+from mfotel.node import liveness, procfs
+from mfotel.node import metrics as node_metrics
+from mfotel.node.agent import PORT_WINDOW, Exit, RankView, rank_info, rank_of
+from mfotel.node.service import config_argument, node_port, training_config
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, child_env, free_port_block, stop_launcher
 from tests.support.processes import running, tree
 from tests.support.scripts.handover import write_atomically
 from tests.support.waiting import settle, wait_for
 
-INSTRUMENT = [sys.executable, "-m", "mfotel.integrations.instrument"]
+INSTRUMENT = [sys.executable, "-m", "mfotel.node.instrument"]
 JOB_SCRIPT = ROOT / "tests" / "support" / "scripts" / "node_agent_job.py"
 JOB = "node-agent"
 PROBE_INTERVAL = 0.5
@@ -604,7 +605,7 @@ def test_a_failing_agent_is_dropped_and_the_job_runs_on(tmp_path):
     script = tmp_path / "failing.py"
     script.write_text(textwrap.dedent("""
         import os, sys
-        from mfotel.integrations import supervise
+        from mfotel.node import supervise
 
         class Failing:
             def started(self, pid): raise RuntimeError("no pidfd today")
@@ -781,8 +782,8 @@ def test_the_node_endpoint_opens_for_a_rank_there_at_the_first_scan(tmp_path, mo
     """The agent's first scan runs while NodeAgent.start() returns, and it finds a rank that
     exists already (`RANK_ID=0 mfotel-instrument python train.py`): the endpoint opens then,
     not never. Made certain here: this agent scans before its threads start."""
-    from mfotel.integrations import node_service
-    from mfotel.integrations.node_agent import NodeAgent
+    from mfotel.node import service as node_service
+    from mfotel.node.agent import NodeAgent
 
     class ScansFirst(NodeAgent):
         def start(self) -> NodeAgent:
@@ -815,7 +816,7 @@ def test_announcements_are_checked_and_a_told_end_stays(tmp_path):
     its process started (the pid reused) is ignored; so is a file that is no announcement.
     Once a rank that told ended, a process guessed as that rank is none; only a new
     announcement of the rank replaces it."""
-    from mfotel.integrations.node_agent import AgentSettings, NodeAgent
+    from mfotel.node.agent import AgentSettings, NodeAgent
     from mfotel.node_link import Announcement, announce, announcement_path
     directory = tmp_path / "node"
     directory.mkdir(mode=0o700)

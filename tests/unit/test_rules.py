@@ -17,8 +17,8 @@ import yaml
 from mfotel.alerting import rules
 from mfotel.cli import main as cli_main
 from mfotel.contract import COMMON_LABELS, CONTRACT
-from mfotel.integrations.node_metrics import SERIES as NODE_SERIES
 from mfotel.localstack.servers import find_binary
+from mfotel.node.metrics import SERIES as NODE_SERIES
 from tests.support.paths import ROOT
 
 RULES_DIR = ROOT / "prometheus" / "rules"

@@ -1,4 +1,4 @@
-"""The node agent's capture of a rank's Python stacks (mfotel.integrations.stacks).
+"""The node agent's capture of a rank's Python stacks (mfotel.node.stacks).
 
 Real processes throughout (tests/support/scripts/stacks_rank.py): a rank-like child that
 joined the rendezvous (mfotel.node_link) and blocks in its dataset's `__getitem__`, or holds
@@ -22,11 +22,11 @@ import bcrypt
 import pytest
 
 from mfotel.config.settings import PrometheusConfig
-from mfotel.integrations import procfs, stacks
-from mfotel.integrations.node_agent import AgentSettings, NodeAgent
-from mfotel.integrations.node_endpoint import NodeEndpoint
-from mfotel.integrations.node_metrics import NodeCollector
 from mfotel.localstack.servers import free_port
+from mfotel.node import procfs, stacks
+from mfotel.node.agent import AgentSettings, NodeAgent
+from mfotel.node.endpoint import NodeEndpoint
+from mfotel.node.metrics import NodeCollector
 from mfotel.node_link import (
     STACK_SIGNAL,
     Announcement,
@@ -98,7 +98,7 @@ def child(tmp_path) -> Iterator[Any]:
 
 @dataclass
 class Rank:
-    """A rank as the agent follows it (what StackWatcher reads of node_agent._Rank)."""
+    """A rank as the agent follows it (what StackWatcher reads of mfotel.node.agent._Rank)."""
 
     pid: int
     start_ticks: int
@@ -336,7 +336,7 @@ def test_the_node_agent_captures_serves_and_reports_a_stuck_rank(child, tmp_path
 
 
 def endpoint_refresh() -> float:
-    """The node endpoint re-collects at most once a second (node_endpoint._each_second)."""
+    """The node endpoint re-collects at most once a second (mfotel.node.endpoint._each_second)."""
     return 1.0
 
 

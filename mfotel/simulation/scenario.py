@@ -35,9 +35,9 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ... import contract
-from ...alerting.rules import RulesConfig, duration_seconds
-from ...contract import STATUS_FAILED
+from .. import contract
+from ..alerting.rules import RulesConfig, duration_seconds
+from ..contract import STATUS_FAILED
 
 FAULT_JOBS: tuple[tuple[str, int], ...] = (   # (fault, nodes); the main job takes the rest
     ("compute", 1), ("nan", 1), ("rank_down", 1), ("hang", 2), ("complete", 1), ("cancel", 1))

@@ -41,9 +41,9 @@ from ..config.source import (
     safe_job_name,
 )
 from ..node_link import ENV_DIR
-from .node_agent import DEFAULT_PROBE_INTERVAL, AgentSettings, NodeAgent
-from .node_endpoint import NodeEndpoint, scheme
-from .node_metrics import NodeCollector
+from .agent import DEFAULT_PROBE_INTERVAL, AgentSettings, NodeAgent
+from .endpoint import NodeEndpoint, scheme
+from .metrics import NodeCollector
 
 #: After the job, how long the ranks' final facts are served by default: one scrape and one
 #: evaluation (15 s each, shipped) and the critical route's group_wait (10 s) must see a rank

@@ -30,11 +30,11 @@ from typing import Any
 
 import yaml
 
-from ...alerting.rules import RulesConfig, parse_set
-from ...contract import SEED_METRICS
-from ...localstack.alerting import shipped_files
-from ...localstack.servers import free_port_block
-from ..discovery import target_groups, write_target_file
+from ..alerting.rules import RulesConfig, parse_set
+from ..cluster.discovery import target_groups, write_target_file
+from ..contract import SEED_METRICS
+from ..localstack.alerting import shipped_files
+from ..localstack.servers import free_port_block
 from .scenario import (
     Expected,
     SimJob,
@@ -178,7 +178,7 @@ class Simulation:
                                 for node in share if self.settings.node_agents]}))
             with open(self.workdir / f"worker-{index}.log", "w") as log:
                 self.workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "mfotel.cluster.simulation.ranks", str(path)],
+                    [sys.executable, "-m", "mfotel.simulation.ranks", str(path)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                     stderr=log))
         for index, worker in enumerate(self.workers):
@@ -611,7 +611,7 @@ def add_simulate_command(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = add_simulate_arguments(
-        argparse.ArgumentParser(prog="python -m mfotel.cluster.simulation.run"))
+        argparse.ArgumentParser(prog="python -m mfotel.simulation.run"))
     return run_simulate_command(parser.parse_args(argv))
 
 

@@ -92,7 +92,7 @@ class NodeEndpoint:
 
     def route(self, path: str, app: WsgiApp) -> None:
         """Serve `app` at `path` too: behind the same web-config, limits and server
-        (mfotel.integrations.stacks: /stacks)."""
+        (mfotel.node.stacks: /stacks)."""
         self.router.routes[path] = app
 
     @property

@@ -20,11 +20,11 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from ...alerting.receiver import AlertsReceiver
-from ...alerting.rules import RulesConfig, duration_seconds, write_rules
-from ...alerting.webhook import ReceivedAlert
-from ...localstack.alerting import AlertingStack
-from ...localstack.servers import Prometheus, http_get_json
+from ..alerting.receiver import AlertsReceiver
+from ..alerting.rules import RulesConfig, duration_seconds, write_rules
+from ..alerting.webhook import ReceivedAlert
+from ..localstack.alerting import AlertingStack
+from ..localstack.servers import Prometheus, http_get_json
 
 FILE_SD_JOB = "mindformers-file-sd"
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')

@@ -22,7 +22,7 @@ blocked in C code is dumped too, and nothing is stopped. The agent shares no GIL
   capture of that rank (a restarted rank's too).
 - What is served (`StacksApp`, on the node endpoint, behind its web-config): `GET /stacks`
   (the index; `?format=json`), `GET /stacks?job_name=J&rank=R` (one capture, text/plain);
-  the series `mfotel_node_rank_stack_timestamp_seconds{scheme}` (node_metrics) says when.
+  the series `mfotel_node_rank_stack_timestamp_seconds{scheme}` (metrics.py) says when.
 
     watcher = StackWatcher(agent.followed, stop)   # NodeAgent makes it
     threading.Thread(target=watcher.run).start()                  # NodeAgent.start does
@@ -81,7 +81,7 @@ _POLL_SECONDS = 0.01
 
 
 class Followed(Protocol):
-    """What the watcher reads of a rank the agent follows (node_agent._Rank)."""
+    """What the watcher reads of a rank the agent follows (agent._Rank)."""
 
     @property
     def pid(self) -> int: ...

@@ -293,7 +293,7 @@ class NodeAgent:
         return all(_alive(rank) for rank in ranks)
 
     def followed(self) -> list[_Rank]:
-        """Every rank followed, live or ended (mfotel.integrations.stacks reads them)."""
+        """Every rank followed, live or ended (mfotel.node.stacks reads them)."""
         with self._lock:
             return list(self._ranks.values())
 

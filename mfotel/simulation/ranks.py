@@ -5,7 +5,7 @@ cached exposition, HTTP server on its own port, instruments), exactly as `OTelMo
 it at train begin; `SimRank.step` assigns the state `OTelMonitor.on_train_step_end` assigns.
 Only the training loop is synthetic (`scenario.TrainingModel`, `scenario.JobClock`).
 
-    python -m mfotel.cluster.simulation.ranks WORKER.json      # started by `run`
+    python -m mfotel.simulation.ranks WORKER.json      # started by `run`
 
 JSON lines on stdin/stdout: the worker builds and serves its ranks and prints
 `{"ready": n, "failed": [...]}`, reads `{"start": unix_time}`, runs the scenario until
@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ...config import MonitorConfig, parse_config
-from ...contract import STATUS_COMPLETED, STATUS_RUNNING
-from ...identity import RankIdentity, RunIdentity
-from ...rank_exporter import rank_exporter
+from ..config import MonitorConfig, parse_config
+from ..contract import STATUS_COMPLETED, STATUS_RUNNING
+from ..identity import RankIdentity, RunIdentity
+from ..rank_exporter import rank_exporter
 from .node_agents import RankEnd, SimNodeAgent
 from .scenario import STATUS_CANCELLED, JobClock, RankSpec, Timing, TrainingModel
 

@@ -7,14 +7,14 @@ In the style of `opentelemetry-instrument`: a directory holding a `sitecustomize
 on PYTHONPATH of the command. Every Python process the command starts (msrun's workers
 included, they inherit the environment) runs that sitecustomize at start-up. It costs next to
 nothing there (it imports nothing, it installs an import hook); when the process imports
-mindformers, the hook imports `mfotel.integrations.mindformers` right after, which registers
-`OTelMonitor` and `CPUTrainOneStepCell` before any Trainer can build its callbacks. A
+mindformers, the hook calls `mfotel.integrations.mindformers.register()` right after, which
+registers `OTelMonitor` and `CPUTrainOneStepCell` before any Trainer can build its callbacks. A
 `sitecustomize` that was already on the path (Debian ships one) still runs: ours chains to it.
 
-mfotel-instrument then stays the parent of the command (`mfotel.integrations.supervise`): a
+mfotel-instrument then stays the parent of the command (`mfotel.node.supervise`): a
 cancel (SIGTERM, SIGINT, SIGHUP) reaches every process of the job, msrun's workers included,
 so each rank reports "cancelled" instead of paging as dead; it exits as the command did.
-As the job's node agent (`mfotel.integrations.node_service`) it serves one node endpoint
+As the job's node agent (`mfotel.node.service`) it serves one node endpoint
 (`prometheus.node_port`, default 9463) with what no rank can say about itself: each rank's
 process state, how it ended (exit code, signal, OOM kill), whether its /metrics still
 answers, its CPU and memory. The ranks tell it who they are: the command's environment names a
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from mfotel.closed_pipe import quiet_on_closed_pipe
-from mfotel.integrations import supervise
-from mfotel.integrations.node_agent import DEFAULT_PROBE_INTERVAL, DEFAULT_PROBE_TIMEOUT
-from mfotel.integrations.node_service import (
+from mfotel.node import supervise
+from mfotel.node.agent import DEFAULT_PROBE_INTERVAL, DEFAULT_PROBE_TIMEOUT
+from mfotel.node.service import (
     NODE_LINGER_SECONDS,
     NodeService,
     training_config_or_exit,
@@ -103,9 +103,15 @@ import os as _os
 import sys as _sys
 
 
+def _mfotel_register():
+    """Register OTelMonitor and CPUTrainOneStepCell in mindformers."""
+    from mfotel.integrations import mindformers
+
+    mindformers.register()
+
+
 class _MfotelPostImportHook(_abc.MetaPathFinder):
-    """Imports mfotel.integrations.mindformers right after mindformers finished importing (one
-    shot)."""
+    """Registers mfotel in mindformers right after mindformers finished importing (one shot)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "mindformers":
@@ -119,8 +125,7 @@ class _MfotelPostImportHook(_abc.MetaPathFinder):
         def exec_then_register(module):
             exec_module(module)
             try:
-                # registers OTelMonitor and CPUTrainOneStepCell
-                import mfotel.integrations.mindformers  # noqa: F401
+                _mfotel_register()
             except Exception as exc:  # never break the user's import
                 _sys.stderr.write("mfotel-instrument: registering mfotel in mindformers failed "
                                   f"({type(exc).__name__}: {exc})\\n")
@@ -144,7 +149,7 @@ def _mfotel_chain_sitecustomize():
 
 
 if "mindformers" in _sys.modules:
-    import mfotel.integrations.mindformers  # noqa: F401 - registers mfotel in mindformers
+    _mfotel_register()
 elif not any(type(f).__name__ == "_MfotelPostImportHook" for f in _sys.meta_path):
     _sys.meta_path.insert(0, _MfotelPostImportHook())
 _mfotel_chain_sitecustomize()

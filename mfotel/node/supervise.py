@@ -29,7 +29,7 @@ dead. So `mfotel-instrument` stays the parent:
 Signals are taken synchronously (blocked, then `sigwaitinfo`), as tini does: no handler runs
 in the middle of the loop, and as PID 1 of a container no signal is lost.
 
-An observer (the node agent, `node_service.NodeService`) hears what the supervisor sees: the
+An observer (the node agent, `service.NodeService`) hears what the supervisor sees: the
 start (threads it starts then inherit the blocked signals), every process reaped, the cancel;
 when the job ended it may ask for a linger, which any cancel signal cuts short.
 

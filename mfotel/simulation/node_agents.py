@@ -1,6 +1,6 @@
 """Simulated node agents: one node endpoint per simulated node, as `mfotel-instrument` serves it.
 
-Each serves the real node exposition (`mfotel.integrations.node_metrics` through
+Each serves the real node exposition (`mfotel.node.metrics` through
 `node_endpoint`: the ranks' server stack) for its node's simulated ranks. The facts are the
 simulation's: a served rank is running and answering, with a synthetic CPU time (its share
 of the wall time since it started) and resident memory; a rank the `rank_down` fault ends
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...config import parse_config
-from ...integrations.node_agent import Exit, RankView
-from ...integrations.node_endpoint import NodeEndpoint
-from ...integrations.node_metrics import NodeCollector
+from ..config import parse_config
+from ..node.agent import Exit, RankView
+from ..node.endpoint import NodeEndpoint
+from ..node.metrics import NodeCollector
 
 #: A simulated rank's resident memory (an LLM rank's host memory is gigabytes).
 RSS_BYTES = 24 << 30

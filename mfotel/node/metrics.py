@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .node_agent import RankView
+from .agent import RankView
 
 STATES: tuple[str, ...] = ("running", "stopped", "zombie", "exited")
 CAUSES: tuple[str, ...] = ("completed", "exit_code", "signal", "oom", "cancelled", "unknown")
