@@ -11,11 +11,12 @@ callbacks):
       - type: OTelMonitor
         auto_register: mfotel_register.OTelMonitor
 
-mindformers copies this file into its dynamic-module cache and imports it; importing
-mfotel.integrations.mindformers registers OTelMonitor and CPUTrainOneStepCell.
-`mfotel-instrument` needs none of this.
+mindformers copies this file into its dynamic-module cache and imports it; `register()`
+below registers OTelMonitor and CPUTrainOneStepCell. `mfotel-instrument` needs none of this.
 """
-from mfotel.integrations.mindformers import CPUTrainOneStepCell
+from mfotel.integrations.mindformers import CPUTrainOneStepCell, register
 from mfotel.integrations.mindformers import MindFormersOTelMonitor as OTelMonitor
+
+register()
 
 __all__ = ["CPUTrainOneStepCell", "OTelMonitor"]

@@ -1,2 +1,2 @@
-"""Integrations with training frameworks: mindformers (callback registration, native metrics
-bridge, YAML check, `mfotel-instrument` launcher). Importing this package imports nothing."""
+"""Integrations with training frameworks: mindformers (`mindformers.register()`, the native
+metrics bridge, the YAML check). Importing this package imports nothing."""

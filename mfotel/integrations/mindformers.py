@@ -1,7 +1,8 @@
 """mindformers integration: registration, the CPU train cell, the native-metric bridge.
 
-The only mfotel module that imports mindformers. Importing it registers, in mindformers'
-registry (idempotent, as mindformers' own decorators do):
+The only mfotel module that imports mindformers at module level. Importing it registers
+nothing; `register()` registers, in mindformers' registry (idempotent, as mindformers' own
+decorators do):
 
 - `OTelMonitor` (callback type): `MindFormersOTelMonitor`, the core callback plus what only a
   mindformers run has (loss fixed for pipeline / micro-batch setups the way MFLossMonitor fixes
@@ -9,7 +10,8 @@ registry (idempotent, as mindformers' own decorators do):
   `callbacks: [{type: MFLossMonitor}, {type: OTelMonitor, step_interval: 10, ...}]`;
 - `CPUTrainOneStepCell` (wrapper type): MFTrainOneStepCell with an overflow check that runs on CPU.
 
-    import mfotel.integrations.mindformers   # or: mfotel-instrument python train.py ...
+    from mfotel.integrations import mindformers
+    mindformers.register()        # or, with no code: mfotel-instrument python train.py ...
 
 The native-metric seam (pinned by tests/unit/test_mindformers_seam.py). At train begin the callback
 finds its sibling callbacks in `cb_params.list_callback` and taps, on those instances only:
@@ -565,6 +567,3 @@ def register() -> None:
     MindFormerRegister.register_cls(CPUTrainOneStepCell, MindFormerModuleType.WRAPPER)
     MindFormerRegister.register_cls(MindFormersOTelMonitor, MindFormerModuleType.CALLBACK,
                                     alias="OTelMonitor")
-
-
-register()

@@ -1,6 +1,7 @@
 """`mfotel-instrument` with the real mindformers: importing it registers OTelMonitor (and the CPU
-wrapper), and so does mindformers' own REGISTER_PATH + auto_register route. The bootstrap
-without mindformers: tests/unit/test_mindformers_instrument.py."""
+wrapper), and so does mindformers' own REGISTER_PATH + auto_register route; importing
+mfotel.integrations.mindformers alone registers nothing. The bootstrap without mindformers:
+tests/unit/test_mindformers_instrument.py."""
 from __future__ import annotations
 
 import importlib.util
@@ -51,3 +52,19 @@ def test_mindformers_auto_register_route_registers_otel_monitor(env, tmp_path):
     result = run([PYTHON, "-c", code], env, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-2:] == ["MindFormersOTelMonitor", "7"]
+
+
+@pytest.mark.slow
+def test_importing_the_integration_registers_nothing_until_register_is_called(env, tmp_path):
+    need_mindformers()
+    code = ("from mindformers.tools.register import MindFormerRegister as R\n"
+            "from mindformers.tools.register import MindFormerModuleType as T\n"
+            "from mfotel.integrations import mindformers\n"
+            "def registered():\n"
+            "    return 'OTelMonitor' in R.registry.get(T.CALLBACK, {})\n"
+            "print(registered())\n"
+            "mindformers.register()\n"
+            "print(registered(), R.get_cls(T.CALLBACK, 'OTelMonitor').__name__)\n")
+    result = run([PYTHON, "-c", code], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-3:] == ["False", "True", "MindFormersOTelMonitor"]

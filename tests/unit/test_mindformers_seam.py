@@ -16,8 +16,8 @@ import pytest
 
 @pytest.fixture(scope="module")
 def mf(tmp_path_factory):
-    """mindformers + mfotel.integrations.mindformers, logging to a temporary directory, not
-    ./output."""
+    """mindformers + mfotel.integrations.mindformers (registered), logging to a temporary
+    directory, not ./output."""
     saved = os.environ.get("LOG_MF_PATH")
     os.environ["LOG_MF_PATH"] = str(tmp_path_factory.mktemp("mindformers-log"))
     import mindformers  # noqa: F401 - a test dependency: fail, never skip
@@ -27,6 +27,7 @@ def mf(tmp_path_factory):
     from mindformers.wrapper.wrapper import MFTrainOneStepCell
 
     import mfotel.integrations.mindformers as bridge
+    bridge.register()
     yield SimpleNamespace(cb=mf_callback, build_callback=build_callback,
                           Register=MindFormerRegister, Type=MindFormerModuleType,
                           MFTrainOneStepCell=MFTrainOneStepCell, bridge=bridge)
