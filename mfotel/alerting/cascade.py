@@ -302,7 +302,7 @@ def _annotated(rule: dict[str, Any], cfg: RulesConfig) -> dict[str, Any]:
     """`rule` with the stacks link, kept firing for `culprit_keep_firing_for`."""
     rule["annotations"]["stacks_url"] = stacks_url(cfg)
     if duration_seconds(cfg.culprit_keep_firing_for) > 0:
-        head = {k: rule.pop(k) for k in ("alert", "expr", "for") if k in rule}
+        head: dict[str, Any] = {k: rule.pop(k) for k in ("alert", "expr", "for") if k in rule}
         rule = {**head, "keep_firing_for": cfg.culprit_keep_firing_for, **rule}
     return rule
 
