@@ -28,9 +28,11 @@ app did not read is read and dropped). The limits (`Limits`):
   than `max_connections - reserved`; beyond that a waiting one (victim rule) is closed;
 - the victim, by what closing it costs: a draining connection (its answer is out), then an idle
   waiting one (older than IDLE_GRACE_SECONDS), then a started waiting one, then a young idle
-  one, then one answering a request without verified
-  credentials; never one at the app, nor one answering an authenticated request (when only
-  such places are left, the newcomer is closed). Within each kind: one of the client holding
+  one (for a client's own share the newest first: a burst from an address takes its own
+  places, not that of a client of that address whose request is on its way), then one
+  answering a request without verified credentials; never one at the app, nor one
+  answering an authenticated request (when only such places are left, the newcomer is
+  closed). Within each kind: one of the client holding
   the most; among such clients, the one with the most recent failures (see below); then the
   oldest. A flood from many addresses thus closes its own connections, not a scraper's; a
   client sharing an address with idle sockets (Alertmanager on the attacker's host) keeps its
@@ -100,8 +102,9 @@ DRAIN_SECONDS = 1.0
 #: connections already open are served in between under a flood.
 ACCEPT_BATCH = 32
 #: An idle connection younger than this is closed for a newcomer only after the started ones:
-#: a client's request may still be on its way (its connect completes before its first write).
-IDLE_GRACE_SECONDS = 0.5
+#: a client's request may still be on its way (its connect completes before its first write;
+#: on a loaded machine a client's process can wait a second for a core in between).
+IDLE_GRACE_SECONDS = 2.0
 WAITING, AT_APP, ANSWERING, DRAINING = "waiting", "at app", "answering", "draining"
 #: The path of the liveness probe (mfotel-instrument's node agent), answered by the server.
 LIVENESS_PATH = "/-/mfotel-liveness"
@@ -408,7 +411,9 @@ class Server:
             sock.close()
             return
         if self._held[client] >= self.limits.per_client:
-            victim = self._victim(c for c in self._open if c.client == client)
+            # its own young idle ones newest first: a burst from the address takes its own
+            # places, not that of a client of the same address whose request is on its way
+            victim = self._victim((c for c in self._open if c.client == client), newest=True)
             if victim is None:
                 self.refused += 1
                 sock.close()
@@ -427,10 +432,12 @@ class Server:
                                         self._expire, conn)
         conn.task = self._loop.create_task(self._serve(conn))
 
-    def _victim(self, candidates: Iterable[_Connection]) -> _Connection | None:
+    def _victim(self, candidates: Iterable[_Connection],
+                newest: bool = False) -> _Connection | None:
         """The connection whose closing costs least (the module docstring): draining, idle
-        waiting, started waiting, answering without credentials; never at the app or answering
-        an authenticated request. None when no candidate may be closed."""
+        waiting, started waiting, young idle (`newest`: the newest of them first), answering
+        without credentials; never at the app or answering an authenticated request. None when
+        no candidate may be closed."""
         pool = [c for c in candidates
                 if c.state != AT_APP and not (c.state == ANSWERING and c.trusted)]
         draining = [c for c in pool if c.state == DRAINING]
@@ -441,20 +448,20 @@ class Server:
         # on its way (accepted before its first write): it goes after the started ones
         young = time.monotonic() - IDLE_GRACE_SECONDS
         idle = [c for c in waiting if not c.started]
-        for group in ([c for c in idle if c.accepted <= young],
-                      [c for c in waiting if c.started],
-                      [c for c in idle if c.accepted > young]):
+        for group, order in (([c for c in idle if c.accepted <= young], False),
+                             ([c for c in waiting if c.started], False),
+                             ([c for c in idle if c.accepted > young], newest)):
             while group:
-                victim = self._pick(group)
+                victim = self._pick(group, order)
                 if victim.started or not _readable(victim):
                     return victim
                 victim.started = True  # its request is in the kernel's buffer, not read yet
                 group.remove(victim)
         return self._pick(pool) if pool else None
 
-    def _pick(self, pool: list[_Connection]) -> _Connection:
+    def _pick(self, pool: list[_Connection], newest: bool = False) -> _Connection:
         """A connection of the client holding the most of `pool`; among such clients, the one
-        with the fewest failure tokens left; then the oldest."""
+        with the fewest failure tokens left; then the oldest (`newest`: the newest)."""
         held = Counter(c.client for c in pool)
         most = max(held.values())
         heavy = {client for client, count in held.items() if count == most}
@@ -462,7 +469,7 @@ class Server:
             levels = {client: self._errors[client].level() for client in heavy}
             lowest = min(levels.values())
             heavy = {client for client, level in levels.items() if level == lowest}
-        return next(c for c in pool if c.client in heavy)
+        return next(c for c in (reversed(pool) if newest else pool) if c.client in heavy)
 
     def _evict(self, conn: _Connection) -> None:
         self.evicted += 1

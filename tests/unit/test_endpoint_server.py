@@ -80,8 +80,9 @@ def test_one_client_holds_at_most_its_share(server):
     other = idle(srv.port, "127.0.0.3", 2)
     try:
         assert opened(srv, 5)
-        wait_for(lambda: all(closed_by_peer(s) for s in mine[:2]), settle(10), 0.05)
-        assert not any(closed_by_peer(s) for s in [*mine[2:], *other])
+        # young idle ones of the client's own share make room newest first: the 3rd, the 4th
+        wait_for(lambda: all(closed_by_peer(s) for s in mine[2:4]), settle(10), 0.05)
+        assert not any(closed_by_peer(s) for s in [*mine[:2], mine[4], *other])
     finally:
         for sock in [*mine, *other]:
             sock.close()
@@ -292,6 +293,25 @@ def test_idle_connections_of_an_address_make_room_before_its_started_request(ser
         assert not closed_by_peer(sockets[1]) and srv.evicted == 1
     finally:
         for sock in [started, *sockets]:
+            sock.close()
+
+
+def test_a_flood_of_new_idle_connections_takes_its_own_places_not_the_oldest(server):
+    """Idle connections younger than IDLE_GRACE_SECONDS make room newest first: a client that
+    connected before a burst of idle sockets of its address (Alertmanager on the attacker's
+    host) keeps its place until it sends its request."""
+    srv = server(max_connections=10, max_connections_per_client=2, request_timeout=60)
+    first = socket.create_connection(("127.0.0.1", srv.port), timeout=10,
+                                     source_address=("127.0.0.2", 0))
+    time.sleep(0.05)
+    burst = idle(srv.port, "127.0.0.2", 5)   # each one over the share closes the newest
+    try:
+        wait_for(lambda: srv.evicted == 4, settle(10), 0.05, "four places taken back")
+        first.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+        answer, _ = read_to_close(first, timeout=10)
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"\r\n\r\nhi")
+    finally:
+        for sock in [first, *burst]:
             sock.close()
 
 
