@@ -230,6 +230,23 @@ def test_an_exception_pages_its_rank_not_the_ranks_killed_after_it(tmp_path, lau
              description=page.annotations["description"])
 
 
+# ---------------------------------------------------------------- a clean finish
+def test_a_clean_finish_with_long_end_work_pages_nobody(tmp_path):
+    """Rank 0 spends longer in its end work (a final checkpoint save in on_train_end) than
+    ranks_missing_for after rank 1 completed and left: nobody is missing, nothing pages."""
+    end_work = 2 * 20 + 10   # JOB_RULES.ranks_missing_for is 20s
+    with _job(tmp_path, "none", steps=150, step_sleep=STEP_SLEEP, end_work=end_work,
+              end_work_rank=0, linger_seconds=5) as job:
+        seen = job.watch()
+        wait_for(job.processes_gone, settle(300 + end_work), 1.0, "the job completed",
+                 details=job.log_tail)
+        time.sleep(15)
+        assert seen.critical() == set() and job.notifications() == [], job.history()
+        completed = job.value_by_rank(
+            f"last_over_time(mindformers_train_status{{{job.sel()}}}[10m])")
+        assert completed == {"0": 2.0, "1": 2.0}, completed
+
+
 # ---------------------------------------------------------------- the end of a job
 def test_the_nan_origin_stays_over_the_jobs_end_and_a_finishing_job_misses_nobody(tmp_path):
     """Rank 1's loss goes NaN first; the job ends a few steps later and rank 0 spends longer in
