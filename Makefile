@@ -10,7 +10,9 @@ demo:
 # 21.5 min; longest first with 6 workers 10.5 min, the cores 78% busy for the first 3.5 min
 # (every worker waiting on a whole-job test); with at most 6 whole-job tests at once and short
 # work queued behind them (tests/support/scheduling.py), 8 workers 8.0 min, 10 workers 7.2 min
-# (the cores then saturated: more would not help). Each test module
+# (the cores then saturated: more would not help); with the cascade tests (real msrun jobs
+# waiting out MindSpore's time-outs, one of 300 s) 10 workers took 14.5 min, ~1,300 CPU-s
+# (2026-12-06). Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
 # Memory bounds it too: at 10 workers the machine used at most 8.3 GB (MindSpore in every worker
