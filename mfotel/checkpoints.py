@@ -6,7 +6,7 @@ once more in `end` when training ends. `CheckpointWatch` wraps those two methods
 (never on the class), times each call, and counts a save when the callback's record of its last
 save moved during the call:
 
-    watch = CheckpointWatch(model_checkpoint, instruments.state, instruments.touch)
+    watch = CheckpointWatch(model_checkpoint, instruments.state, instruments.touch, account)
     ...
     watch.detach()
 
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .instruments import TrainState
+from .time_account import TimeAccount
 
 log = logging.getLogger("mfotel")
 
@@ -42,12 +43,15 @@ def save_interval(callback: Any) -> tuple[int | None, float | None]:
 
 
 class CheckpointWatch:
-    """Counts and times the saves of one checkpoint callback into `state`."""
+    """Counts and times the saves of one checkpoint callback into `state` (and into the time
+    account, when one is kept: its checkpoint phase)."""
 
-    def __init__(self, callback: Any, state: TrainState, on_change: Callable[[], None]) -> None:
+    def __init__(self, callback: Any, state: TrainState, on_change: Callable[[], None],
+                 account: TimeAccount | None = None) -> None:
         self.callback = callback
         self._state = state
         self._on_change = on_change
+        self._account = account
         self._wrapped: list[str] = []
         steps, seconds = save_interval(callback)
         state.checkpoints = state.checkpoints or 0   # a checkpointing run, none saved yet
@@ -87,7 +91,9 @@ class CheckpointWatch:
         state = self._state
         state.checkpoints = (state.checkpoints or 0) + 1
         state.checkpoint_duration = seconds
-        state.last_checkpoint_timestamp = time.time()
+        state.last_checkpoint_timestamp = now = time.time()
+        if self._account is not None:
+            self._account.interval("checkpoint", seconds, now)
         self._on_change()
 
     def detach(self) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import isfinite
 
@@ -66,9 +66,9 @@ class TrainState:
     start_timestamp: float | None = None
     end_timestamp: float | None = None      # when the final status was set
     end_reason: str | None = None           # completed, failed, stopped, cancelled
-    # the time account (mfotel.time_account): its `totals` dict (phase -> seconds, updated in
-    # place) and its origin; absent until an account is attached
-    time: dict[str, float] = field(default_factory=dict)
+    # the time account (mfotel.time_account): its `totals` (phase -> seconds, a live view)
+    # and its origin; absent until an account is attached
+    time: Mapping[str, float] = field(default_factory=dict)
     process_start_timestamp: float | None = None
     # checkpoints (mfotel.checkpoints) and evaluation; absent when the run has none
     last_checkpoint_timestamp: float | None = None

@@ -213,6 +213,8 @@ def show_status(parts: RunParts, status: int, reason: str) -> None:
     (it lingers now: no stopped rank to capture stacks of)."""
     instruments = parts.exporter.instruments
     state, ended = instruments.state, time.time()
+    if parts.account is not None:   # its last event: the final scrape and lines add up to it
+        parts.account.close(ended)
     state.status, state.end_timestamp, state.end_reason = status, ended, reason
     instruments.touch()
     if parts.node_link is not None:

@@ -12,7 +12,8 @@ order, for these reasons:
 1. The port (`rank_port`: two ranks of the job on one port is a ConfigError) and the run
    identity (`start_run` counts the attempt) before anything binds or starts.
 2. The actions engine, started: a setup that cannot work is a ConfigError before any part.
-3. The exporter, not serving yet: every other part reads or counts into its state.
+3. The exporter, not serving yet: every other part reads or counts into its state, the
+   process's time account (mfotel.time_account) included.
 4. The parts that add routes or listen: the checkpoint watch, the live page (its routes;
    its history first among the listeners, so the page has a record before others act on
    it), the fast page (loaded now, not on the first NaN's step), the actions engine.
@@ -53,6 +54,7 @@ from .sinks import ConsoleSink, FileSink, LineWriter, Sink
 from .start_checks import RunShape, mfu_missing, start_warnings
 from .step_record import RecordPlan, StepRecorder
 from .telemetry import Endpoint, local_endpoints_line
+from .time_account import TimeAccount, process_account
 
 if TYPE_CHECKING:  # optional parts, imported when configured (the core never needs them)
     from .actions.engine import ActionEngine
@@ -87,6 +89,7 @@ class RunParts:
     node_link: NodeLink | None = None   # under mfotel-instrument: its node agent
     live: LivePage | None = None
     actions: ActionEngine | None = None
+    account: TimeAccount | None = None   # the process's (mfotel.time_account), closed at the end
 
     def add_listener(self, listener: StepListener) -> None:
         self.listeners.append(listener)
@@ -122,6 +125,9 @@ def assemble(cfg: MonitorConfig, identity: RankIdentity, job_name: str, control:
         undo.callback(exporter.shutdown)
         instruments = exporter.instruments
         instruments.state.start_timestamp = time.time()
+        account = process_account()   # one a process, whatever the runs (mfotel.time_account)
+        instruments.state.time, instruments.state.process_start_timestamp = \
+            account.totals, account.origin
 
         def count(stage: str, exc: BaseException) -> None:
             instruments.count_error(stage)
@@ -129,7 +135,7 @@ def assemble(cfg: MonitorConfig, identity: RankIdentity, job_name: str, control:
         checkpoint = None
         if checkpoint_callback is not None:
             checkpoint = CheckpointWatch(checkpoint_callback, instruments.state,
-                                         instruments.touch)
+                                         instruments.touch, account)
             undo.callback(checkpoint.detach)
         attached, routes, live = list(listeners), {}, None
         telemetry = exporter.telemetry
@@ -159,10 +165,12 @@ def assemble(cfg: MonitorConfig, identity: RankIdentity, job_name: str, control:
         end = RunEnd(instruments, warn_once)
         recorder = StepRecorder(instruments, plan, control, end, lines=lines,
                                 read_learning_rate=read_learning_rate, warn_once=warn_once,
-                                count_error=count, rank=identity.rank, job_name=job_name)
+                                count_error=count, rank=identity.rank, job_name=job_name,
+                                account=account)
         recorder.attach(attached)
         parts = RunParts(cfg, identity.rank, job_name, exporter, run, end, recorder, attached,
-                         lines, file_path, checkpoint, file_sd, node_link, live, actions)
+                         lines, file_path, checkpoint, file_sd, node_link, live, actions,
+                         account)
         _check_run(cfg, identity, shape, plan, warn_once)
         _tell_where(parts, identity, endpoint, scheme)
         undo.pop_all()

@@ -119,7 +119,9 @@ def format_json(step: int, epoch: int, rank: int, job_name: str,
 
 
 class ConsoleSink:
-    """Writes monitor lines to a stream (stdout by default)."""
+    """Writes monitor lines to a stream (stdout by default): the seed's line, for people."""
+
+    keeps_records = False   # no time account fields (FileSink.keeps_records)
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream
@@ -140,7 +142,12 @@ class FileSink:
     file or its directory is removed while training, it is created again (a stat per record)
     rather than writing on into an unlinked file. A FIFO at the path never blocks: no
     reader, or a reader that does not read, is an error of that write.
+
+    Its lines are the run's record: they also carry the time account's fields (`account_*`,
+    mfotel.time_account), which `mfotel goodput` reads.
     """
+
+    keeps_records = True
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -222,6 +229,7 @@ class LineWriter:
         writer = LineWriter([(ConsoleSink(), False), (FileSink(path), True)], rank=0,
                             job_name="llama", on_error=count)   # (sink, JSON?) pairs
         writer.submit(step, epoch, values, time.time())  # the training thread: a queue append
+        writer.submit(step, epoch, values, time.time(), record)  # record fields: files only
         writer.flush()   # every line submitted so far is written (bounded wait)
         writer.close()   # flush, stop the thread, close the file sinks
 
@@ -240,6 +248,9 @@ class LineWriter:
     def __init__(self, sinks: Sequence[tuple[Sink, bool]], rank: int, job_name: str,
                  on_error: Callable[[BaseException], None] = lambda exc: None) -> None:
         self.sinks = list(sinks)
+        #: whether a sink keeps records (`keeps_records`, FileSink's): submit()'s `record`
+        #: fields are written only to those
+        self.keeps_records = any(getattr(sink, "keeps_records", False) for sink, _ in sinks)
         self.rank, self.job_name, self.on_error = rank, job_name, on_error
         self.dropped = 0
         self._queue: deque[object] = deque()   # append / popleft: thread-safe
@@ -249,11 +260,13 @@ class LineWriter:
         self._start_lock = threading.Lock()
 
     def submit(self, step: int, epoch: int, values: Mapping[str, float | None],
-               wall: float) -> None:
-        """Queue the lines of one record (training thread); after close(), write them here."""
+               wall: float, record: Mapping[str, float] | None = None) -> None:
+        """Queue the lines of one record (training thread); after close(), write them here.
+        `record`: fields after `values` for the sinks that keep records (the time account's),
+        left out of the others' lines (the console's)."""
         if self._thread is None:
             if self._closed:
-                self._write(step, epoch, values, wall)
+                self._write(step, epoch, values, wall, record)
                 return
             self._start()
         if len(self._queue) >= self.MAX_PENDING:
@@ -261,7 +274,7 @@ class LineWriter:
             self.on_error(OSError(errno.EAGAIN, f"{self.MAX_PENDING} monitor lines wait for "
                                                 f"a sink that does not take them; line dropped"))
             return
-        self._queue.append((step, epoch, values, wall))
+        self._queue.append((step, epoch, values, wall, record))
 
     def _start(self) -> None:
         with self._start_lock:
@@ -291,15 +304,18 @@ class LineWriter:
         return False
 
     def _write(self, step: int, epoch: int, values: Mapping[str, float | None],
-               wall: float) -> None:
-        text: str | None = None
+               wall: float, record: Mapping[str, float] | None = None) -> None:
+        texts: dict[bool, str] = {}   # by whether the line has the record fields
         for sink, as_json in self.sinks:
             try:
+                keeps = record is not None and getattr(sink, "keeps_records", False)
+                fields = {**values, **record} if keeps and record is not None else values
                 if as_json:
-                    sink.write(format_json(step, epoch, self.rank, self.job_name, values, wall))
+                    sink.write(format_json(step, epoch, self.rank, self.job_name, fields, wall))
                 else:
-                    text = text or format_line(step, values, wall)
-                    sink.write(text)
+                    if keeps not in texts:
+                        texts[keeps] = format_line(step, fields, wall)
+                    sink.write(texts[keeps])
             except Exception as exc:  # noqa: BLE001 - a full disk must not stop the others
                 self.on_error(exc)
 

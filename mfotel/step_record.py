@@ -18,8 +18,9 @@ The callback turns MindSpore's hooks into a `Tick` (mfotel.step_clock) and the s
 | a NaN / Inf loss or gradient norm | its count and value as it is, the first non-finite step, |
 | | a warning (once), a stop (`on_nonfinite: stop`) |
 | record steps | seed gauges (finite; loss and grad norm as they are), tokens/s per device, |
-| | MFU, the monitor line |
+| | MFU, the monitor line (files: with the time account as of the step's end) |
 | step begin | the step begin timestamp |
+| step begin, end, evaluation | the process's time account (mfotel.time_account), when kept |
 
 Listeners hear a step as `on_nonfinite`, `on_record`, then `on_step`; `on_step_begin` at the
 step's begin; each hook only calls the listeners that override it (mfotel.listeners).
@@ -29,6 +30,7 @@ listener or a record needs one (benchmarks/overhead.py measures it).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from math import isfinite
 from typing import TYPE_CHECKING, NamedTuple
@@ -41,6 +43,7 @@ from .instruments import AS_IS, Instruments, TrainState
 from .listeners import RunControl, StepListener, StepSample
 from .sinks import LineWriter
 from .step_clock import Record, Tick
+from .time_account import TimeAccount
 
 if TYPE_CHECKING:
     from .run_end import RunEnd
@@ -85,6 +88,8 @@ class StepRecorder:
     - `lines`: the monitor lines' writer, None when this rank writes none.
     - `read_learning_rate()`: the rate the step used, when its outputs do not carry it.
     - `warn_once(key, message)`, `count_error(stage, exc)`: the monitor's.
+    - `account`: the process's time account (mfotel.time_account), told each step's begin
+      and end and each evaluation, read into the monitor lines; None: none kept.
     """
 
     def __init__(self, instruments: Instruments, plan: RecordPlan, run: RunControl,
@@ -92,8 +97,9 @@ class StepRecorder:
                  read_learning_rate: Callable[[], float | None] = lambda: None,
                  warn_once: Callable[[str, str], None] = lambda key, message: None,
                  count_error: Callable[[str, BaseException], None] = lambda stage, exc: None,
-                 rank: int = 0, job_name: str = "") -> None:
+                 rank: int = 0, job_name: str = "", account: TimeAccount | None = None) -> None:
         self.instruments, self.plan, self.run, self.run_end = instruments, plan, run, run_end
+        self.account = account
         self.lines, self.read_learning_rate = lines, read_learning_rate
         self.warn_once, self.count_error = warn_once, count_error
         self.rank, self.job_name = rank, job_name
@@ -109,8 +115,10 @@ class StepRecorder:
 
     def begin(self, wall: float) -> None:
         """A step begins at unix time `wall`: inside a step from now (job-level signals)."""
-        instruments = self.instruments
+        instruments, account = self.instruments, self.account
         instruments.state.step_begin_timestamp = wall
+        if account is not None:
+            account.step_begin(wall)
         instruments.version += 1
         for listener in self._on_step_begin:
             try:
@@ -121,7 +129,9 @@ class StepRecorder:
     def end(self, tick: Tick, out: StepOutputs, epoch: int, total_steps: int | None,
             wall: float) -> None:
         """A step ended at unix time `wall`: `tick` from the step clock, `out` its outputs."""
-        instruments, plan = self.instruments, self.plan
+        instruments, plan, account = self.instruments, self.plan, self.account
+        if account is not None:   # first: a record's line reads it (its time is `wall`)
+            account.step_end(wall, tick.advanced)
         st, step = instruments.state, tick.step
         if st.status != STATUS_RUNNING:
             self.run_end.running_again()
@@ -166,6 +176,8 @@ class StepRecorder:
             st.eval_loss, st.eval_step = loss, step
         if seconds is not None:
             st.eval_duration = seconds
+            if self.account is not None:
+                self.account.interval("evaluation", seconds, time.time())
         self.instruments.touch()
         log.info("mfotel: evaluation after step %d: loss %s, %.3f s", step,
                  "unknown" if loss is None else f"{loss:.6g}", seconds or 0.0)
@@ -214,8 +226,11 @@ class StepRecorder:
                 setattr(st, name, value)
         if plan.throughput and plan.seq_length:
             self._device_throughput(record, st)
-        if self.lines is not None:
-            self.lines.submit(sample.step, st.epoch or 0, values, wall)
+        lines = self.lines
+        if lines is not None:   # files: the account at `wall`, as `mfotel goodput` reads it
+            account = self.account
+            lines.submit(sample.step, st.epoch or 0, values, wall, account.line_values()
+                         if account is not None and lines.keeps_records else None)
         for listener in self._on_record:
             try:
                 listener.on_record(sample, values)

@@ -174,8 +174,11 @@ def test_console_and_file_lines_line_by_line(port, in_tmp, capsys):
     expected = [f"[Monitor] step: {s}, loss: {result.losses[s]:.6g}, "
                 f"grad_norm: {result.grad_norms[s]:.6g}" for s in (3, 6, 9)]
     path = in_tmp / "logs" / "mfotel-demo_0.log"
-    # every line ends with its time field (", time: <ISO 8601>"), checked in test_sinks.py
-    assert [line.rpartition(", time: ")[0] for line in path.read_text().splitlines()] == expected
+    # every line ends with its time field (", time: <ISO 8601>"), checked in test_sinks.py; the
+    # file's lines, the run's record, carry the time account before it (test_time_account_e2e)
+    lines = [line.rpartition(", time: ")[0] for line in path.read_text().splitlines()]
+    assert [line.partition(", account_steps: ")[0] for line in lines] == expected
+    assert all(", account_startup: " in line and line.endswith(" s") for line in lines)
     out = capsys.readouterr().out
     assert [line.rpartition(", time: ")[0] for line in out.splitlines()
             if line.startswith("[Monitor]")] == expected

@@ -58,8 +58,10 @@ def test_training_through_a_full_disk_writes_whole_lines_only(tmp_path):
     for line in lines:
         head, at = split_time(line)
         step = int(head.split(",")[0].removeprefix("[Monitor] step: "))
-        assert head == (f"[Monitor] step: {step}, loss: {sinks.format_value('loss', losses[step])}"
+        seed, _, account = head.partition(", account_steps: ")   # the time account: files'
+        assert seed == (f"[Monitor] step: {step}, loss: {sinks.format_value('loss', losses[step])}"
                         f", learning_rate: 1.000000e-02")
+        assert account.startswith(f"{step}, account_startup: ") and account.endswith(" s")
         assert math.isfinite(at)
         steps.append(step)
     before = [s for s in steps if s <= 30]

@@ -241,6 +241,24 @@ def test_line_writer_writes_every_line_in_order_off_the_submitting_thread(tmp_pa
     assert {(r["rank"], r["job_name"]) for r in records} == {(2, "j")}
 
 
+def test_record_fields_go_to_the_files_and_the_console_keeps_the_seed_line(tmp_path):
+    """The time account's fields (submit's `record`) are the files' (text and JSON), which
+    `mfotel goodput` reads back; the console's line is the seed's."""
+    console, text, records = SlowList(), tmp_path / "m.log", tmp_path / "m.jsonl"
+    writer = sinks.LineWriter([(console, False), (FileSink(text), False),
+                               (FileSink(records), True)], rank=0, job_name="j")
+    assert writer.keeps_records and not sinks.LineWriter([(console, False)], 0, "j").keeps_records
+    writer.submit(5, 1, {"loss": 0.5}, NOW, {"account_steps": 5.0, "account_step": 1.25})
+    writer.close()
+    assert split_time(console.lines[0])[0] == "[Monitor] step: 5, loss: 0.5"
+    assert split_time(text.read_text().strip())[0] == \
+        "[Monitor] step: 5, loss: 0.5, account_steps: 5, account_step: 1.250 s"
+    record = json.loads(records.read_text())
+    assert (record["loss"], record["account_steps"], record["account_step"]) == (0.5, 5.0, 1.25)
+    row = next(iter(parse_lines([text.read_text().strip()])))
+    assert row.account == {"account_steps": 5.0, "account_step": 1.25}
+
+
 def test_line_writer_reports_a_failing_sink_and_still_feeds_the_others():
     class Broken:
         def write(self, line: str) -> None:

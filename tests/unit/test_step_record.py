@@ -198,8 +198,11 @@ def run_case(case: Case) -> dict[str, Any]:
             pass
 
     class Lines:
-        def submit(self, step: int, epoch: int, values: dict, wall: float) -> None:
-            assert wall == WALL + step
+        keeps_records = True
+
+        def submit(self, step: int, epoch: int, values: dict, wall: float,
+                   record: dict | None = None) -> None:
+            assert wall == WALL + step and record is None   # no time account here
             lines.append((step, epoch, dict(values)))
 
     def read_lr() -> float:
@@ -293,3 +296,44 @@ def test_the_step_path_imports_without_mindspore():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ok"]
+
+
+def test_the_time_account_hears_each_step_and_evaluation_and_the_lines_carry_it(monkeypatch):
+    """With the process's time account: each step's begin and end (the hook's wall times),
+    an evaluation when it returns; a record's line (to the files: LineWriter.keeps_records)
+    carries the account as of its step's end, which is the line's time (what `mfotel goodput`
+    reads)."""
+    from types import SimpleNamespace
+
+    from mfotel import step_record
+    from mfotel.time_account import LINE_FIELDS, TimeAccount
+    instruments = Instruments(MeterProvider().get_meter("test"), {"job_name": "job", "rank": "0"},
+                              parse_config({}).metrics)
+    account = TimeAccount(WALL - 100)
+    lines: list[tuple[int, float, dict]] = []
+
+    class Lines:   # a file among the sinks: the account goes along
+        keeps_records = True
+
+        def submit(self, step: int, epoch: int, values: dict, wall: float,
+                   record: dict | None = None) -> None:
+            lines.append((step, wall, {**values, **(record or {})}))
+    recorder = StepRecorder(instruments, RecordPlan.of(parse_config({"metrics": ["loss"]})),
+                            None, RunEnd(instruments, lambda key, message: None),  # type: ignore[arg-type]
+                            lines=Lines(), account=account)  # type: ignore[arg-type]
+    for step, (begin, end) in enumerate([(0.5, 1.0), (1.25, 2.0), (2.5, 3.0)], start=1):
+        recorder.begin(WALL + begin)
+        record = rec() if step == 2 else None
+        recorder.end(Tick(step, step - 1, 1, None, None, 0, record), StepOutputs(loss=1.0), 1,
+                     None, WALL + end)
+    assert account.totals == pytest.approx(dict(startup=101.0, step=1.25, input=0.75,
+                                                checkpoint=0.0, evaluation=0.0, stall=0.0))
+    step, wall, values = lines[0]
+    assert (step, wall) == (2, WALL + 2.0)
+    assert list(values) == ["loss", *LINE_FIELDS]
+    assert values["account_steps"] == 2 and values["account_input"] == 0.25
+    assert wall - sum(values[f] for f in LINE_FIELDS[1:]) == WALL - 100   # the process start
+    monkeypatch.setattr(step_record, "time", SimpleNamespace(time=lambda: WALL + 10.0))
+    recorder.evaluated(2.5, 4.0, 3)
+    assert account.totals["evaluation"] == 4.0 and account.totals["input"] == 0.75 + 3.0
+    assert account.last_event == WALL + 10.0
