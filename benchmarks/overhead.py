@@ -20,12 +20,18 @@ Every baseline reads values the way OTelMonitor does, with `item()` (~0.3 us; `a
 - MindSpore LossMonitor: prints the loss every step (stdout goes to /dev/null here, as it
   does for OTelMonitor's console line).
 
-Goals (issue 20): the per-step path (OTelMonitor at interval 50: steps that record nothing)
-at most 1.2x the read floor; a record step with the console off at most 1.2x
-prometheus_client; the console line no dearer than LossMonitor's print. Issue 21's job-level
-signals (time outside the step, the step-begin timestamp) at most 2 us per step: after the
-runs, the real step-begin hook and step clock of the interval-50 monitor are timed with and
-without them, interleaved, in the same process.
+Goals (issues 20 and 34): the per-step path (OTelMonitor at interval 50: steps that record
+nothing) at most 1.2x the read floor; a record step with the console off at most 1.2x
+prometheus_client; the console line no dearer than LossMonitor's print. Every OTelMonitor row
+keeps the process's time account (mfotel.time_account, issue 35) at every step. Issue 21's
+job-level signals (time outside the step, the step-begin timestamp) at most 2 us per step:
+after the runs, the real step-begin hook and step clock of the interval-50 monitor are timed
+with and without them, interleaved, in the same process.
+
+Then the per-part split (`--split-repeats`, 0 for none): what each part of the step path
+costs per step, the optional listeners included (the live page's history, an actions rule,
+the node link under mfotel-instrument), each part timed on its class in runs of its own, the
+rest from untimed runs of the same monitor.
 
 `median` is the median step's wall time in a run (robust to a busy machine: a preempted
 step does not move it); `mean` includes record steps and preemption, i.e. what training pays
@@ -43,10 +49,11 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 import timeit
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -55,11 +62,15 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore.train import Callback, LossMonitor
 
+from mfotel.actions.engine import ActionEngine
 from mfotel.callback import OTelMonitor
 from mfotel.contract import STEP_TIME_BUCKETS
 from mfotel.demo.training import SyntheticRegression, build_model
 from mfotel.localstack.servers import free_port
+from mfotel.node_link import ENV_DIR, NodeLink
 from mfotel.step_clock import RecordSchedule, StepClock
+from mfotel.time_account import TimeAccount
+from mfotel.ui.history import HistoryRecorder
 
 ALL_METRICS = ["loss", "learning_rate", "grad_norm", "throughput", "step_time"]
 HARNESS = "empty callback (the timing's own cost)"
@@ -212,41 +223,145 @@ def variants() -> dict[str, Callable[[], Callback | None]]:
     }
 
 
-def job_signal_cost(monitor: OTelMonitor, steps: int = 20_000, repeats: int = 9
+def job_signal_cost(monitor: OTelMonitor, steps: int = 2_000, repeats: int = 41
                     ) -> tuple[float, float]:
     """us per step of the real step-begin hook and the step clock, without and with the
     job-level signals, on a monitor that has trained: with them, `mark_step_begin` also
     stamps the step-begin time and bumps the state's version, and the step end sums the
     time outside the step (as OTelMonitor's step path does); without, the hook only marks
-    the clock (the run's parts hidden). Best of `repeats`, interleaved."""
-    parts = monitor._parts
-    assert parts is not None, "the monitor has not trained"
-    state = parts.exporter.instruments.state
+    the clock (the run's parts hidden). Best of `repeats`, interleaved: loops of a few
+    milliseconds, so that on a loaded machine some run whole (at load 20, every one of 9
+    loops of 20,000 steps was preempted: both figures 2-5x)."""
+    recorder = monitor._recorder
+    assert recorder is not None, "the monitor has not trained"
+    state, account = recorder.state, recorder.account
+    recorder.account = None   # the time account is a part of its own (the split)
 
     def loop(signals: bool) -> Callable[[], None]:
         def run() -> None:
             clock = monitor.clock = StepClock(RecordSchedule(50), 8)
             clock.first_step(0)
-            monitor._parts = parts if signals else None
+            monitor._recorder = recorder if signals else None
             mark, perf = monitor.mark_step_begin, time.perf_counter
             for cur in range(1, steps + 1):
                 mark()
                 tick = clock.end(cur, perf())
                 if signals and tick.outside is not None:
                     state.step_outside += tick.outside
-            monitor._parts = parts
+            monitor._recorder = recorder
         return run
     best = {False: math.inf, True: math.inf}
     for _ in range(repeats):
         for signals in best:
             best[signals] = min(best[signals], timeit.timeit(loop(signals), number=1))
+    recorder.account = account
     return best[False] / steps * 1e6, best[True] / steps * 1e6
+
+
+#: The parts of OTelMonitor's step path that the split times, none inside another: (part,
+#: class, methods). Listeners are timed on the hooks they override (only those are called).
+PARTS: list[tuple[str, type, tuple[str, ...]]] = [
+    ("step clock", StepClock, ("end",)),
+    ("outputs: item() reads (the wait for the step)", OTelMonitor, ("parse_outputs",)),
+    ("time account", TimeAccount, ("step_begin", "step_end")),
+    ("listener: live page history", HistoryRecorder, ("on_record", "on_nonfinite")),
+    ("listener: actions engine (a nonfinite rule)", ActionEngine, ("on_step",)),
+    ("listener: node link (mfotel-instrument)", NodeLink, ("on_step_begin", "on_step")),
+]
+REST = "the rest: hooks, MindSpore's counters, the contract's state"
+
+
+class Split:
+    """Times the parts of the step path (PARTS) inside a real training run: each method is
+    wrapped on its class for the run and keeps its calls' durations. A part's time holds its
+    wrapper's clock read; the wrappers' calls land in the rest, which `part_split` measures
+    in untimed runs of the same monitor."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[float]] = {name: [] for name, _, _ in PARTS}
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def __enter__(self) -> Split:
+        for name, owner, methods in PARTS:
+            for method in methods:
+                self._saved.append((owner, method, owner.__dict__[method]))
+                setattr(owner, method, self._timed(self.calls[name], owner.__dict__[method]))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, method, original in reversed(self._saved):
+            setattr(owner, method, original)
+        self._saved.clear()
+
+    @staticmethod
+    def _timed(calls: list[float], method: Callable[..., Any]) -> Callable[..., Any]:
+        perf = time.perf_counter
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = perf()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                calls.append(perf() - started)
+        return timed
+
+    def per_step(self, steps: int) -> dict[str, float]:
+        """us per step of each part: the median call times the calls a step."""
+        return {name: statistics.median(times) * len(times) / steps * 1e6 if times else 0.0
+                for name, times in self.calls.items()}
+
+
+def split_monitor(interval: int) -> OTelMonitor:
+    """The benchmark's monitor with every optional listener that runs per step: the live page
+    (on by default), the actions engine (a rule for non-finite losses, which never fires
+    here) and, under mfotel-instrument, the node link (its directory: MFOTEL_NODE_DIR)."""
+    return OTelMonitor(step_interval=interval, metrics=ALL_METRICS, job_name="bench",
+                       prometheus={"host": "127.0.0.1", "port": free_port(),
+                                   "linger_seconds": 0},
+                       output={"console": False}, actions={"nonfinite": {"action": "stop"}})
+
+
+def part_split(steps: int, repeats: int) -> dict[int, dict[str, float]]:
+    """us per step of each part (PARTS, and the rest) of the interval-1 and interval-50
+    monitors with every listener (split_monitor): medians over `repeats` rounds, each round a
+    timed and an untimed run of each, interleaved."""
+    rounds: dict[int, list[dict[str, float]]] = {1: [], 50: []}
+    with tempfile.TemporaryDirectory() as node_dir, open(os.devnull, "w") as devnull, \
+            _environment(ENV_DIR, node_dir):
+        for _ in range(repeats):
+            for interval, done in rounds.items():
+                with Split() as split, contextlib.redirect_stdout(devnull):
+                    timed = train(steps, split_monitor(interval))
+                parts = split.per_step(min(timed.steps, steps))
+                with contextlib.redirect_stdout(devnull):
+                    whole = train(steps, split_monitor(interval))
+                count = min(whole.steps, steps)
+                parts[REST] = statistics.median(whole.per_step[:count]) * 1e6 - sum(
+                    parts.values())
+                done.append(parts)
+    return {interval: {part: statistics.median(r[part] for r in done) for part in done[0]}
+            for interval, done in rounds.items()}
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--split-repeats", type=int, default=3,
+                        help="runs of each monitor with its parts timed (0: no split)")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
@@ -284,7 +399,7 @@ def main() -> int:
         print(f"{name:42} {med[name]:10.1f} {mean[name]:9.1f} {med[name] / med[FLOOR]:8.2f} "
               f"{cpu[name]:7.1f} {cpu[name] / cpu[FLOOR]:8.2f} {sps[name]:8.0f}")
     print()
-    head = "goal (issue 20): median of the repeats' ratios (range)"
+    head = "goal (issues 20, 34): median of the repeats' ratios (range)"
     print(f"{head:66} {'wall':>6} {'CPU':>6} {'goal':>6}")
     goals = [("per-step path: OTelMonitor interval 50 / read floor", OTEL_50, FLOOR, 1.2),
              ("record step: OTelMonitor interval 1, console off / prometheus_client",
@@ -309,7 +424,20 @@ def main() -> int:
     print(f"{'job-level signals (outside time, step-begin timestamp) per step':66} "
           f"{added:5.2f} us (step clock and state: {without:.2f} -> {with_signals:.2f} us; "
           f"goal <= 2 us: {'met' if added <= 2 else 'NOT met'})")
+    if args.split_repeats:
+        print_split(part_split(args.steps, args.split_repeats), args.split_repeats)
     return 0
+
+
+def print_split(split: dict[int, dict[str, float]], repeats: int) -> None:
+    print()
+    print(f"per-part split of OTelMonitor with every per-step listener, us per step (medians "
+          f"of {repeats} rounds; a part's timing adds its clock read, ~0.1 us):")
+    print(f"{'part':60} {'interval 1':>11} {'interval 50':>12}")
+    for part in split[1]:
+        print(f"{part:60} {split[1][part]:11.2f} {split[50][part]:12.2f}")
+    print(f"{'the whole step (untimed runs of the same monitor)':60} "
+          f"{sum(split[1].values()):11.2f} {sum(split[50].values()):12.2f}")
 
 
 if __name__ == "__main__":

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from mindspore.train import Callback, ModelCheckpoint
 
@@ -32,26 +31,14 @@ from .extract import NO_OUTPUTS, StepOutputs, cb_param, eval_loss, parse_net_out
 from .identity import identity_from_env
 from .listeners import StepListener
 from .mindspore_reads import LearningRateReader, identity_after_init
-from .run_parts import RunParts, assemble, checked_settings, failure_warning
+from .run_parts import OfRun, RunParts, assemble, checked_settings, failure_warning
 from .start_checks import run_shape
 from .step_clock import RecordSchedule, StepClock
 from .step_record import RecordPlan, StepRecorder
 
 __all__ = ["LearningRateReader", "OTelMonitor", "eval_loss"]
 log = logging.getLogger("mfotel")
-T = TypeVar("T")
-
-
-class _OfRun(Generic[T]):
-    """A monitor's attribute read from its run's parts (mfotel.run_parts); None before train
-    begin."""
-
-    def __init__(self, read: Callable[[RunParts], T]) -> None:
-        self.read = read
-
-    def __get__(self, monitor: OTelMonitor | None, owner: type | None = None) -> T | None:
-        parts = monitor._parts if monitor is not None else None
-        return self.read(parts) if parts is not None else None
+_perf, _wall = time.perf_counter, time.time   # every step: one global each
 
 
 class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type information
@@ -88,6 +75,7 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
     def _new_run(self) -> None:
         """The state of one `Model.train` call (a second call on the same monitor starts anew)."""
         self._parts: RunParts | None = None   # assembled at train begin (mfotel.run_parts)
+        self._recorder: StepRecorder | None = None   # its recorder, read every step
         self.clock = StepClock(RecordSchedule(self.config.step_interval, self.config.early_steps,
                                               self.config.early_step_interval),
                                self.config.batch_size)
@@ -110,14 +98,14 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
         return DEFAULT_JOB_NAME
 
     # ------------------------------------------------------------------ the run's parts
-    exporter = _OfRun(lambda parts: parts.exporter)
-    instruments = _OfRun(lambda parts: parts.exporter.instruments)  # .state: the exposed values
-    telemetry = _OfRun(lambda parts: parts.exporter.telemetry)
-    run = _OfRun(lambda parts: parts.run)
-    live = _OfRun(lambda parts: parts.live)
-    actions = _OfRun(lambda parts: parts.actions)
+    exporter = OfRun(lambda parts: parts.exporter)
+    instruments = OfRun(lambda parts: parts.exporter.instruments)  # .state: the exposed values
+    telemetry = OfRun(lambda parts: parts.exporter.telemetry)
+    run = OfRun(lambda parts: parts.run)
+    live = OfRun(lambda parts: parts.live)
+    actions = OfRun(lambda parts: parts.actions)
     #: whether a scrape saw the final status before the endpoint stopped
-    final_scraped = _OfRun(lambda parts: parts.end.final_scraped)
+    final_scraped = OfRun(lambda parts: parts.end.final_scraped)
 
     # ------------------------------------------------------------------ extension hooks
     def count_error(self, stage: str, exc: BaseException) -> None:
@@ -128,10 +116,10 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
 
     def mark_step_begin(self, at: float | None = None) -> None:
         """The step begins now (or at `at`, a time.perf_counter() value)."""
-        self.clock.begin(time.perf_counter() if at is None else at)
-        parts = self._parts
-        if parts is not None:  # inside a step from now (mfotel job-level signals)
-            parts.recorder.begin(time.time())
+        self.clock.in_step_since = _perf() if at is None else at  # StepClock.begin, inline
+        recorder = self._recorder
+        if recorder is not None:  # inside a step from now (mfotel job-level signals)
+            recorder.begin(_wall())
 
     def mark_step_end(self, at: float | None = None) -> None:
         """The step's own work ended now (or at `at`), before other callbacks' step-end work;
@@ -173,9 +161,14 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
 
     def learning_rate_changed(self) -> None:
         self._lr = LearningRateReader()  # a list lr's table changed: read it again
+        if self._recorder is not None:
+            self._recorder.read_learning_rate = self._learning_rate
 
     def _learning_rate(self) -> float | None:
-        return self._lr(self.optimizer())
+        read = self._lr.find(self.optimizer())  # found: the recorder calls it itself from now
+        if read is not None and self._recorder is not None:
+            self._recorder.read_learning_rate = read
+        return None if read is None else read()
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -206,40 +199,41 @@ class OTelMonitor(Callback):  # type: ignore[misc]  # MindSpore has no type info
             warn_once=self._warn_once, read_learning_rate=self._learning_rate, web=self._web,
             listeners=self._extra_listeners, checkpoint_callback=checkpoint,
             train_network=cb_param(cb, "train_network", None), close=self.close)
+        self._recorder = self._parts.recorder
 
     # ------------------------------------------------------------------ every step
     def on_train_step_begin(self, run_context: Any) -> None:
-        self.mark_step_begin()
+        self.clock.in_step_since = _perf()  # mark_step_begin, inline: every step
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.begin(_wall())
 
     def on_train_step_end(self, run_context: Any) -> None:
-        parts = self._parts
-        if parts is None:
+        # every step: MindSpore's counters and outputs read once (benchmarks/overhead.py)
+        recorder = self._recorder
+        if recorder is None:
             return
         try:
-            self._step_end(run_context, parts.recorder)
+            wall, now = _wall(), _perf()
+            cb = run_context.original_args()
+            self._run_context = run_context
+            dict_like = isinstance(cb, dict)  # MindSpore's cb_params (attributes: slower)
+            clock = self.clock
+            cur_step = int(cb["cur_step_num"] if dict_like else cb.cur_step_num)
+            if not clock.started:
+                clock.first_step(cur_step, cb_param(cb, "batch_num"),
+                                 cb_param(cb, "cur_epoch_num"), cb_param(cb, "epoch_num"))
+            tick = clock.end(cur_step, now)
+            try:
+                out = self.parse_outputs(cb)
+            except Exception as exc:  # noqa: BLE001
+                self.count_error("extract", exc)
+                out = NO_OUTPUTS
+            epoch = int((cb.get("cur_epoch_num") if dict_like else
+                         cb_param(cb, "cur_epoch_num", 0)) or 0)
+            recorder.end(tick, out, epoch, clock.total_steps, wall)
         except Exception as exc:  # noqa: BLE001 - never raise into training
             self.count_error("callback", exc)
-
-    def _step_end(self, run_context: Any, recorder: StepRecorder) -> None:
-        # every step: MindSpore's counters and outputs read once (benchmarks/overhead.py)
-        wall, now = time.time(), time.perf_counter()
-        cb = run_context.original_args()
-        self._run_context = run_context
-        dict_like = isinstance(cb, dict)  # MindSpore's cb_params: a dict (attributes: slower)
-        clock = self.clock
-        cur_step = int(cb["cur_step_num"] if dict_like else cb.cur_step_num)
-        if not clock.started:
-            clock.first_step(cur_step, cb_param(cb, "batch_num"), cb_param(cb, "cur_epoch_num"),
-                             cb_param(cb, "epoch_num"))
-        tick = clock.end(cur_step, now)
-        try:
-            out = self.parse_outputs(cb)
-        except Exception as exc:  # noqa: BLE001
-            self.count_error("extract", exc)
-            out = NO_OUTPUTS
-        epoch = int((cb.get("cur_epoch_num") if dict_like else
-                     cb_param(cb, "cur_epoch_num", 0)) or 0)
-        recorder.end(tick, out, epoch, clock.total_steps, wall)
 
     # ------------------------------------------------------------------ evaluation
     def on_eval_begin(self, run_context: Any) -> None:

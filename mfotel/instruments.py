@@ -38,7 +38,7 @@ RANK_VALUE_KEYS = frozenset({"loss", "learning_rate", "grad_norm", "throughput",
                              "device_tokens", "mfu"})
 
 
-@dataclass
+@dataclass(slots=True)  # assigned every step: slots, not a dict
 class TrainState:
     """Current values; None means "not reported" (the series is absent). `loss` and
     `grad_norm` are as the step gave them, NaN/Inf included."""
@@ -108,7 +108,10 @@ class Instruments:
         self._native_lock = threading.Lock()
         self._histogram: Histogram | None = None
         self._as_is: list[MetricSpec] = []   # created gauges of AS_IS
-        self._pending_seconds: deque[float] = deque()  # append / popleft: thread-safe
+        #: step durations waiting for the histogram (append / popleft: thread-safe); the
+        #: training thread appends itself (mfotel.step_record) and calls hand_over() at
+        #: PENDING_LIMIT; None when the histogram is not exposed
+        self.step_durations: deque[float] | None = deque()
         self._recording = threading.Lock()   # one thread at a time hands durations over
         self._handing_over = False           # a hand-over thread runs
         self.cardinality = cardinality  # full | health (multi-rank scale)
@@ -116,6 +119,8 @@ class Instruments:
             if spec.seed_metric is None or spec.seed_metric in self.selected:
                 if seed_values or spec.key not in RANK_VALUE_KEYS:
                     self._create(spec)
+        if self._histogram is None:
+            self.step_durations = None
 
     # ------------------------------------------------------------ creation
     def _create(self, spec: MetricSpec) -> None:
@@ -188,18 +193,24 @@ class Instruments:
 
     def record_step_seconds(self, seconds: float) -> None:
         """Queue one step duration for the histogram (recorded into the SDK at collection)."""
-        if self._histogram is not None:
-            pending = self._pending_seconds
+        pending = self.step_durations
+        if pending is not None:
             pending.append(seconds)
-            if len(pending) >= PENDING_LIMIT and not self._handing_over:
-                self._handing_over = True
-                threading.Thread(target=self._hand_over, name="mfotel-histogram",
-                                 daemon=True).start()
+            if len(pending) >= PENDING_LIMIT:
+                self.hand_over()
+
+    def hand_over(self) -> None:
+        """PENDING_LIMIT durations wait and no reader collected them: a short-lived thread
+        hands them to the SDK (memory stays bounded, the training thread never does it)."""
+        if not self._handing_over:
+            self._handing_over = True
+            threading.Thread(target=self._hand_over, name="mfotel-histogram",
+                             daemon=True).start()
 
     @property
     def pending_step_durations(self) -> int:
         """Step durations queued for the histogram (handed over at the next collection)."""
-        return len(self._pending_seconds)
+        return len(self.step_durations or ())
 
     def _hand_over(self) -> None:
         try:
@@ -211,7 +222,7 @@ class Instruments:
         """Hand queued step durations to the SDK histogram (any thread; a collection waits for
         a hand-over under way, so it sees every duration queued before it)."""
         with self._recording:
-            pending, histogram, attributes = self._pending_seconds, self._histogram, \
+            pending, histogram, attributes = self.step_durations, self._histogram, \
                 self.attributes
             while pending and histogram is not None:
                 histogram.record(pending.popleft(), attributes)

@@ -44,11 +44,16 @@ class LearningRateReader:
         self._read: Callable[[], float | None] | None = None
 
     def __call__(self, optimizer: Any) -> float | None:
+        read = self.find(optimizer)
+        return None if read is None else read()
+
+    def find(self, optimizer: Any) -> Callable[[], float | None] | None:
+        """The read of `optimizer`'s rate, found at the first call (None: no optimizer)."""
         if optimizer is None:
             return None
         if self._read is None:
             self._read = self._reader(optimizer)
-        return self._read()
+        return self._read
 
     @staticmethod
     def _reader(optimizer: Any) -> Callable[[], float | None]:

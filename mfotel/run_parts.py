@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 from .checkpoints import CheckpointWatch
 from .config import DEFAULT_JOB_NAME, MonitorConfig, check_writable, resolve_otel_env
@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # optional parts, imported when configured (the core never ne
 
 log = logging.getLogger("mfotel")
 WarnOnce = Callable[[str, str], None]
+T = TypeVar("T")
 
 
 class Removable(Protocol):
@@ -94,6 +95,25 @@ class RunParts:
     def add_listener(self, listener: StepListener) -> None:
         self.listeners.append(listener)
         self.recorder.attach(self.listeners)
+
+
+class HasParts(Protocol):
+    _parts: RunParts | None   # assembled at train begin (OTelMonitor)
+
+
+class OfRun(Generic[T]):
+    """An attribute of a monitor read from its run's parts; None before train begin:
+
+        class OTelMonitor(Callback):
+            exporter = OfRun(lambda parts: parts.exporter)
+    """
+
+    def __init__(self, read: Callable[[RunParts], T]) -> None:
+        self.read = read
+
+    def __get__(self, monitor: HasParts | None, owner: type | None = None) -> T | None:
+        parts = monitor._parts if monitor is not None else None
+        return self.read(parts) if parts is not None else None
 
 
 def failure_warning(stage: str, exc: BaseException) -> str:

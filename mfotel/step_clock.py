@@ -79,8 +79,17 @@ class Tick(NamedTuple):
     record: Record | None   # set at a record step
 
 
+#: A NamedTuple of all its fields without its own __new__ (a Python frame), every step.
+_new_tuple = tuple.__new__
+
+
 class StepClock:
     """Global step, step timing and record crossing of one run (see the module docstring)."""
+
+    __slots__ = ("schedule", "batch_size", "resume_step", "total_steps", "last_step",
+                 "in_step_since", "_begin_step", "_offset", "started", "_next_record",
+                 "_end_mark", "_last_end", "_last_step_end", "_record_time", "_record_samples",
+                 "_record_steps")   # read every step
 
     def __init__(self, schedule: RecordSchedule, batch_size: int | None = None,
                  resume_step: int | None = None) -> None:
@@ -89,12 +98,11 @@ class StepClock:
         self.resume_step = resume_step
         self.total_steps: int | None = None
         self.last_step = 0              # the last completed global step
-        self.in_step_since: float | None = None  # begin mark of the running step
+        self.in_step_since: float | None = None  # begin mark of the running step (begin())
         self._begin_step = 0            # cur_step_num at train begin
         self._offset = 0                # global step - cur_step_num, known at the first end
         self.started = False            # whether first_step() fixed the offset
         self._next_record = schedule.next_after(0)
-        self._begin: float | None = None     # this step's begin mark
         self._end_mark: float | None = None  # an integration's end mark for this step
         self._last_end: float | None = None  # perf time of the previous end hook
         self._last_step_end: float | None = None  # the previous step's end mark
@@ -130,8 +138,9 @@ class StepClock:
 
     # ------------------------------------------------------------ every step
     def begin(self, now: float) -> None:
-        """The step's begin mark (perf_counter seconds)."""
-        self._begin = self.in_step_since = now
+        """The step's begin mark (perf_counter seconds): `in_step_since`, which the step's end
+        clears (OTelMonitor sets it itself, every step)."""
+        self.in_step_since = now
 
     def mark_end(self, now: float) -> None:
         """An integration's end mark for the running step (before other callbacks' work)."""
@@ -143,13 +152,12 @@ class StepClock:
         step = cur_step_num + self._offset
         previous = self.last_step
         advanced = step - previous if step > previous else 1
-        marked = self._begin
+        begin = self.in_step_since
         outside = None
-        if marked is not None:
-            begin: float | None = marked
+        if begin is not None:
             last_end = self._last_step_end
-            if last_end is not None and marked >= last_end:
-                outside = marked - last_end
+            if last_end is not None and begin >= last_end:
+                outside = begin - last_end
         else:
             begin = self._last_end
         end = now
@@ -160,7 +168,8 @@ class StepClock:
             self._end_mark = None
         if begin is None:
             seconds = None
-            self._record_time = self._record_time if self._record_time is not None else now
+            if self._record_time is None:
+                self._record_time = now
         else:
             seconds = end - begin if advanced == 1 else (end - begin) / advanced
             if self._record_time is None:
@@ -175,8 +184,8 @@ class StepClock:
         elif step < previous:  # went back (a new epoch counted from 1 again): look again
             self._next_record = self.schedule.next_after(step)
         self.last_step, self._last_end, self._last_step_end = step, now, end
-        self._begin = self.in_step_since = None
-        return Tick(step, previous, advanced, seconds, outside, samples, record)
+        self.in_step_since = None
+        return _new_tuple(Tick, (step, previous, advanced, seconds, outside, samples, record))
 
     def _record(self, now: float) -> Record:
         elapsed = now - (self._record_time if self._record_time is not None else now)
@@ -184,7 +193,7 @@ class StepClock:
         throughput = samples / elapsed if self.batch_size and elapsed > 0 else None
         step_time = elapsed / steps if elapsed > 0 and steps else None
         self._record_time, self._record_samples, self._record_steps = now, 0, 0
-        return Record(elapsed, steps, samples, throughput, step_time)
+        return _new_tuple(Record, (elapsed, steps, samples, throughput, step_time))
 
     @property
     def progress(self) -> float | None:

@@ -25,7 +25,8 @@ The callback turns MindSpore's hooks into a `Tick` (mfotel.step_clock) and the s
 Listeners hear a step as `on_nonfinite`, `on_record`, then `on_step`; `on_step_begin` at the
 step's begin; each hook only calls the listeners that override it (mfotel.listeners).
 This is the training thread's every step: assignments, and a `StepSample` only when a
-listener or a record needs one (benchmarks/overhead.py measures it).
+listener or a record needs one (benchmarks/overhead.py measures it; slots, the Tick unpacked
+once, no call a step without news does not need).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from .config import MonitorConfig
 from .contract import SEED_METRICS, STATUS_RUNNING
 from .extract import StepOutputs
 from .flops import mfu
-from .instruments import AS_IS, Instruments, TrainState
+from .instruments import AS_IS, PENDING_LIMIT, Instruments, TrainState
 from .listeners import RunControl, StepListener, StepSample
 from .sinks import LineWriter
 from .step_clock import Record, Tick
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from .run_end import RunEnd
 
 log = logging.getLogger("mfotel")
+#: A NamedTuple of all its fields without its own __new__ (a Python frame).
+_new_tuple = tuple.__new__
 
 
 class RecordPlan(NamedTuple):
@@ -57,7 +60,8 @@ class RecordPlan(NamedTuple):
 
     names: tuple[str, ...]     # the configured metrics, in the line's order
     all: bool                  # exactly contract.SEED_METRICS, in that order
-    gauges: tuple[str, ...]    # those kept in TrainState (step_time is a histogram)
+    gauges: tuple[tuple[str, bool], ...]   # those kept in TrainState (step_time is a
+    #                                      histogram), each with whether it keeps NaN (AS_IS)
     reads_lr: bool
     throughput: bool
     seq_length: int | None     # tokens per sample
@@ -70,7 +74,8 @@ class RecordPlan(NamedTuple):
     def of(cls, cfg: MonitorConfig, device_samples: float | None = None,
            flops_per_token: float | None = None) -> RecordPlan:
         names = tuple(cfg.metrics)
-        return cls(names, names == SEED_METRICS, tuple(n for n in names if n != "step_time"),
+        gauges = tuple((n, n in AS_IS) for n in names if n != "step_time")
+        return cls(names, names == SEED_METRICS, gauges,
                    "learning_rate" in names, "throughput" in names, cfg.seq_length,
                    cfg.on_nonfinite == "stop", cfg.peak_flops, device_samples, flops_per_token)
 
@@ -92,6 +97,11 @@ class StepRecorder:
       and end and each evaluation, read into the monitor lines; None: none kept.
     """
 
+    __slots__ = ("instruments", "plan", "run", "run_end", "state", "account", "lines",
+                 "read_learning_rate", "warn_once", "count_error", "rank", "job_name",
+                 "_durations", "_on_step_begin", "_on_nonfinite", "_on_record",
+                 "_on_step")  # read every step
+
     def __init__(self, instruments: Instruments, plan: RecordPlan, run: RunControl,
                  run_end: RunEnd, *, lines: LineWriter | None = None,
                  read_learning_rate: Callable[[], float | None] = lambda: None,
@@ -99,7 +109,8 @@ class StepRecorder:
                  count_error: Callable[[str, BaseException], None] = lambda stage, exc: None,
                  rank: int = 0, job_name: str = "", account: TimeAccount | None = None) -> None:
         self.instruments, self.plan, self.run, self.run_end = instruments, plan, run, run_end
-        self.account = account
+        self.state, self.account = instruments.state, account
+        self._durations = instruments.step_durations   # the histogram's queue
         self.lines, self.read_learning_rate = lines, read_learning_rate
         self.warn_once, self.count_error = warn_once, count_error
         self.rank, self.job_name = rank, job_name
@@ -115,11 +126,11 @@ class StepRecorder:
 
     def begin(self, wall: float) -> None:
         """A step begins at unix time `wall`: inside a step from now (job-level signals)."""
-        instruments, account = self.instruments, self.account
-        instruments.state.step_begin_timestamp = wall
+        self.state.step_begin_timestamp = wall
+        account = self.account
         if account is not None:
             account.step_begin(wall)
-        instruments.version += 1
+        self.instruments.version += 1
         for listener in self._on_step_begin:
             try:
                 listener.on_step_begin(wall)
@@ -129,45 +140,56 @@ class StepRecorder:
     def end(self, tick: Tick, out: StepOutputs, epoch: int, total_steps: int | None,
             wall: float) -> None:
         """A step ended at unix time `wall`: `tick` from the step clock, `out` its outputs."""
-        instruments, plan, account = self.instruments, self.plan, self.account
+        # every step: locals unpacked once, no call that a step without news does not need
+        step, previous, advanced, seconds, outside, samples, record = tick
+        account = self.account
         if account is not None:   # first: a record's line reads it (its time is `wall`)
-            account.step_end(wall, tick.advanced)
-        st, step = instruments.state, tick.step
+            account.step_end(wall, advanced)
+        st = self.state
         if st.status != STATUS_RUNNING:
             self.run_end.running_again()
-        st.step, st.steps, st.last_step_timestamp = step, st.steps + tick.advanced, wall
-        st.epoch = epoch
+        st.step, st.steps, st.last_step_timestamp, st.epoch = \
+            step, st.steps + advanced, wall, epoch
         if total_steps:
             st.progress = step / total_steps if step < total_steps else 1.0
-        if tick.seconds is not None:
-            instruments.record_step_seconds(tick.seconds)
-        if tick.outside is not None:
-            st.step_outside += tick.outside
-        if tick.samples:
-            st.samples = (st.samples or 0) + tick.samples
-            if plan.seq_length:
-                st.tokens = (st.tokens or 0) + tick.samples * plan.seq_length
-        loss, norm = out.loss, out.grad_norm
-        loss_ok = loss is None or isfinite(loss)
-        finite = loss_ok and (norm is None or isfinite(norm))
+        if seconds is not None:   # Instruments.record_step_seconds, inline
+            durations = self._durations
+            if durations is not None:
+                durations.append(seconds)
+                if len(durations) >= PENDING_LIMIT:
+                    self.instruments.hand_over()
+        if outside is not None:
+            st.step_outside += outside
+        if samples:
+            st.samples = (st.samples or 0) + samples
+            seq_length = self.plan.seq_length
+            if seq_length:
+                st.tokens = (st.tokens or 0) + samples * seq_length
+        loss, norm, overflow, loss_scale, _, _ = out
+        finite = True
         if loss is not None:
-            st.loss_finite = int(loss_ok)
-        if out.overflow is not None:
-            st.overflow = (st.overflow or 0) + int(out.overflow)
-        if out.loss_scale is not None and isfinite(out.loss_scale):
-            st.loss_scale = out.loss_scale
-        if tick.record is not None or self._on_step or not finite:
-            sample = StepSample(step, tick.previous_step, out, tick.record is not None, self.run)
+            if isfinite(loss):
+                st.loss_finite = 1
+            else:
+                st.loss_finite, finite = 0, False
+        if norm is not None and not isfinite(norm):
+            finite = False
+        if overflow is not None:
+            st.overflow = (st.overflow or 0) + int(overflow)
+        if loss_scale is not None and isfinite(loss_scale):
+            st.loss_scale = loss_scale
+        if record is not None or not finite or self._on_step:
+            sample = _new_tuple(StepSample, (step, previous, out, record is not None, self.run))
             if not finite:
                 self._nonfinite(sample, st)
-            if tick.record is not None:
-                self._record(sample, tick.record, st, wall)
+            if record is not None:
+                self._record(sample, record, st, wall)
             for listener in self._on_step:
                 try:
                     listener.on_step(sample)
                 except Exception as exc:  # noqa: BLE001 - an optional part must not stop others
                     self.count_error("callback", exc)
-        instruments.version += 1
+        self.instruments.version += 1
 
     def evaluated(self, loss: float | None, seconds: float | None, step: int) -> None:
         """An evaluation ran after step `step` (None: not known)."""
@@ -220,9 +242,9 @@ class StepRecorder:
                "throughput": record.throughput, "step_time": record.step_time}
         # the configured order is the line's order; step_time is a histogram (every step)
         values = row if plan.all else {name: row[name] for name in plan.names}
-        for name in plan.gauges:
+        for name, as_is in plan.gauges:
             value = row[name]
-            if value is not None and (isfinite(value) or name in AS_IS):
+            if value is not None and (as_is or isfinite(value)):
                 setattr(st, name, value)
         if plan.throughput and plan.seq_length:
             self._device_throughput(record, st)

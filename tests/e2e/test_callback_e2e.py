@@ -236,7 +236,7 @@ def test_failure_inside_the_callback_is_counted_not_raised(port, in_tmp, caplog,
 
     def broken(self, optimizer):
         raise RuntimeError("lr exploded")
-    monkeypatch.setattr(LearningRateReader, "__call__", broken)
+    monkeypatch.setattr(LearningRateReader, "find", broken)
     with caplog.at_level(logging.WARNING, logger="mfotel"):
         result = run_demo(steps=6, port=port)
     assert len(result.losses) == 6
