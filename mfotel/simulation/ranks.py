@@ -35,6 +35,7 @@ from ..config import MonitorConfig, parse_config
 from ..contract import STATUS_COMPLETED, STATUS_RUNNING
 from ..identity import RankIdentity, RunIdentity
 from ..rank_exporter import rank_exporter
+from ..time_account import TimeAccount
 from .node_agents import RankEnd, SimNodeAgent
 from .scenario import STATUS_CANCELLED, JobClock, RankSpec, Timing, TrainingModel
 
@@ -60,6 +61,16 @@ class SimRank:
         self.rng = random.Random(f"{seed}/{spec.job}/{spec.rank}")
         self._last_record: tuple[float, int] | None = None  # (wall, samples) at the last record
         self.ended = False   # reported its final status, or died
+        self.account: TimeAccount | None = None   # made at the first step: its process start
+
+    def _account(self, started: float) -> TimeAccount:
+        """The rank's time account (mfotel.time_account), as a real rank's process keeps it:
+        its origin the simulated process start, `started`."""
+        if self.account is None:
+            self.account = TimeAccount(started)
+            st = self.instruments.state
+            st.time, st.process_start_timestamp = self.account.totals, started
+        return self.account
 
     def _count_error(self, stage: str) -> None:
         self.export_errors += 1  # the exporter counts it in mfotel_export_errors_total too
@@ -77,6 +88,9 @@ class SimRank:
             st.start_timestamp = wall - seconds
         elif st.last_step_timestamp is not None:   # the rest of the period: outside the step
             st.step_outside += max(wall - seconds - st.last_step_timestamp, 0.0)
+        account = self._account(st.start_timestamp)
+        account.step_begin(wall - seconds)
+        account.step_end(wall)
         st.step_begin_timestamp = wall - seconds
         st.step, st.steps, st.last_step_timestamp = step, st.steps + 1, wall
         st.epoch = 1 + (step - 1) // STEPS_PER_EPOCH
@@ -114,6 +128,8 @@ class SimRank:
         """The final status of a rank that ends (OTelMonitor.close before its linger)."""
         self.ended = True
         self.instruments.state.status = status
+        if self.account is not None:
+            self.account.close(time.time())
         self.instruments.touch()
 
     def shutdown(self) -> None:

@@ -19,6 +19,7 @@ from tests.support.paths import ROOT
 pytestmark = pytest.mark.slow
 README = (ROOT / "README.md").read_text()
 QUICK_START = README.split("## Quick start: plain MindSpore", 1)[1].split("\n## ", 1)[0]
+ACCOUNT = re.compile(r", account_\w+: [^,]+")   # a time account field of the file's lines
 STEPS, BATCH, CLASSES = 100, 4, 3
 
 
@@ -77,7 +78,9 @@ def test_the_copied_quick_start_trains_and_says_what_the_readme_says(in_tmp, mon
     assert all(f"loss: {losses[step]:.6g}," in line
                for step, line in zip(steps, monitor, strict=True))
     written = (in_tmp / "monitor_logs" / "train_monitor_0.log").read_text().splitlines()
-    assert [line.split("] ", 1)[1] for line in written] == \
+    # the file's lines: the console's, with the time account's fields before `time`
+    assert all(", account_steps: " in line and ", account_stall: " in line for line in written)
+    assert [ACCOUNT.sub("", line.split("] ", 1)[1]) for line in written] == \
         [line.split("] ", 1)[1] for line in monitor]
     lines = dict(line.rsplit(" ", 1) for line in curled[0].splitlines())
     assert float(lines['mindformers_train_loss{job_name="train",rank="0"}']) == losses[50]

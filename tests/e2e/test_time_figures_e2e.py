@@ -163,10 +163,16 @@ def test_checkpoint_saves_are_counted_and_timed_where_they_run(checkpoint_eval_r
     newest = workdir / "ckpt" / "demo-1_10.ckpt"
     saved_at = value(at_11, "mindformers_train_last_checkpoint_timestamp_seconds")
     assert 0 <= saved_at - newest.stat().st_mtime < 1.0   # right after the file was written
-    # the clocks around the checkpoint callback bound the save's duration from above
-    duration = value(at_11, "mindformers_train_checkpoint_duration_seconds")
-    between = after.ends[10] - before.ends[10]
-    assert 0 < duration <= between < duration + 0.005
+    # the clocks around the checkpoint callback bound the save's duration from above; what
+    # the save's timing leaves out is under 5 ms at one of the saves of steps 10 and 20 at
+    # least (on a loaded machine one preemption between the clocks adds several)
+    left_out = []
+    for step, body in ((10, at_11), (20, bodies[20])):
+        duration = value(body, "mindformers_train_checkpoint_duration_seconds")
+        between = after.ends[step] - before.ends[step]
+        assert 0 < duration <= between, step
+        left_out.append(between - duration)
+    assert min(left_out) < 0.005, left_out
     assert value(bodies[20], "mindformers_train_checkpoints_total") == 4
 
 
