@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .alerting.rule_tests import RuleTestError, render_rule_tests
 from .alerting.rules import RulesConfig, parse_set, render_rules
+from .alerting.sharded import SCRAPER_FILE, render_sharded_rules
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -60,6 +61,29 @@ def _under(prefix: str, files: Files) -> Files:
 def rule_files(config: RulesConfig | None = None) -> Files:
     """The alerting and recording rule files, generated from `config` (default thresholds)."""
     return {name: text.encode() for name, text in render_rules(config).items()}
+
+
+def sharded_rule_files(config: RulesConfig | None = None) -> Files:
+    """The rules of a sharded topology: the scraper part and the global part
+    (mfotel.alerting.sharded)."""
+    return {name: text.encode() for name, text in render_sharded_rules(config).items()}
+
+
+def sharded_all_files(config: RulesConfig | None = None) -> Files:
+    """`all_files` for a sharded topology: the two rule files instead of the unsharded ones,
+    the example prometheus.yml loading the scraper part, no promtool tests (they test the
+    unsharded files)."""
+    files = {name: content for name, content in all_files(config, with_tests=False).items()
+             if not name.startswith("prometheus/rules/")}
+    config_text = files["prometheus/prometheus.yml"].decode()
+    unsharded = "  - rules/mindformers-recording.yml\n  - rules/mindformers-alerts.yml\n"
+    if unsharded not in config_text:
+        raise FileNotFoundError("the shipped prometheus.yml no longer lists the rule files "
+                                "mfotel.assets expects; reinstall mfotel")
+    files["prometheus/prometheus.yml"] = config_text.replace(
+        unsharded, f"  - rules/{SCRAPER_FILE}   # the global part: vmalert (docs/scaling.md)\n"
+    ).encode()
+    return {**files, **_under("prometheus/rules/", sharded_rule_files(config))}
 
 
 def rule_test_files(config: RulesConfig | None = None) -> Files:
@@ -144,6 +168,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> argparse.Arg
         parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                             help="override a rules threshold or selector, e.g. stall_seconds=1800 "
                                  "or selector='cluster=\"a\"' (repeatable)")
+        parser.add_argument("--topology", choices=("single", "sharded"), default="single",
+                            help="single: one Prometheus per job (default); sharded: a job's "
+                                 "targets split over Prometheus shards, the rules in a scraper "
+                                 "part and a global part for vmalert (docs/scaling.md)")
     parser.set_defaults(func=run, asset=command)
     return parser
 
@@ -163,13 +191,18 @@ def run(args: argparse.Namespace) -> int:
               "choose another --out", file=sys.stderr)
         return 2
     try:
-        files = _PRODUCERS[args.asset](config)
+        if getattr(args, "topology", "single") == "sharded":
+            files = (sharded_rule_files if args.asset == "rules" else sharded_all_files)(config)
+        else:
+            files = _PRODUCERS[args.asset](config)
     except RuleTestError as error:     # only `assets` writes tests; the rest is still right
         print(f"mfotel {args.asset}: warning: no rule tests written: {error}", file=sys.stderr)
         files = all_files(config, with_tests=False)
     if args.check:
         stale = stale_files(files, out)
         options = " ".join(f"--set {item!r}" for item in getattr(args, "set", []) or [])
+        if getattr(args, "topology", "single") != "single":
+            options = f"--topology {args.topology} {options}".strip()
         for name in stale:
             print(f"{out / name} is out of date; run: mfotel {args.asset} --out {out}"
                   f"{' ' + options if options else ''}", file=sys.stderr)

@@ -1,0 +1,204 @@
+"""The rules split for a job sharded across Prometheus servers (docs/scaling.md, section 7).
+
+When one job's targets are split over several Prometheus servers (`hashmod` of the address,
+as the Prometheus Operator's `shards:` does), no server sees all of a job's ranks. The rules
+then run in two parts:
+
+- the scraper part (`SCRAPER_FILE`), on every Prometheus shard: what needs one target's series
+  only (a rank's own recording rules, its status, its non-finite counters, per-target alerts),
+  a heartbeat and the ranks each shard holds, and the alerts on the global layer's own health;
+- the global part (`GLOBAL_FILE`), evaluated once by a ruler over the merged store (`vmalert`
+  over VictoriaMetrics): what compares ranks (job medians, the rank waited for, the NaN
+  origin, ranks missing, the cascade's culprit, job throughput, goodput), and the shards'
+  health. Every shard's samples reach the store with its external label `shard`.
+
+A shard that stops (its heartbeat gone) pages once, as `MindFormersScraperDown`, naming it and
+the share of each job it held; the ranks it held are left out of the departures, the stall
+and the missing-rank count (`UNSEEN`), so they never page as hundreds of ranks down.
+
+    render_sharded_rules(RulesConfig(stall_seconds=60))   # {file name: YAML text}
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .cascade import (
+    DEPARTURES,
+    DEPARTURES_FRESH,
+    SCRAPED,
+    outside_record,
+    stalled_ranks,
+)
+from .promql import alert, indent, step_interval_record
+from .rules import (
+    IN_STEP,
+    OUTSIDE_SHARE,
+    STEP_MEAN,
+    STEP_RANK_QUANTILE,
+    RulesConfig,
+    _dump,
+    alerting_rules,
+    loss_mean_record,
+    recording_rules,
+)
+
+SCRAPER_FILE = "mindformers-scraper.yml"
+GLOBAL_FILE = "mindformers-global.yml"
+#: The external label each shard's samples carry into the store (its `global.external_labels`).
+SHARD_LABEL = "shard"
+#: The target label of the global layer's own components, scraped by every shard.
+COMPONENT_LABEL = "mfotel_component"
+COMPONENTS = ("global-ruler", "store")
+
+#: Recorded on every shard: 1 while it evaluates (gone with it), and the ranks it holds per job.
+HEARTBEAT = "shard:mfotel_scraper_up:bool"
+SHARD_RANKS = "shard_job_name:mfotel_scraper_ranks:count"
+#: Recorded globally: shards whose heartbeat stopped, and the ranks last seen through them.
+SHARD_DOWN = "shard:mfotel_scraper_down:bool"
+UNSEEN = "job_name_rank:mfotel_rank_scraper_down:bool"
+
+def scraper_records(cfg: RulesConfig) -> frozenset[str]:
+    """Recording rules of one target's series only (a rank's own): evaluated on every shard."""
+    return frozenset({STEP_MEAN, STEP_RANK_QUANTILE, step_interval_record(cfg), OUTSIDE_SHARE,
+                      IN_STEP, loss_mean_record(cfg), outside_record(cfg), SCRAPED})
+
+
+#: Alerts on one target's series only (a rank's, or its node agent's).
+SCRAPER_ALERTS = frozenset({
+    "MindFormersTrainingFailed", "MindFormersLossSpike", "MindFormersGradNormSpike",
+    "MindFormersLossScaleOverflowStorm", "MindFormersCheckpointTooOld",
+    "MindFormersRankUnresponsive"})
+
+
+def _name(rule: dict[str, Any]) -> str:
+    return rule.get("record") or rule["alert"]
+
+
+def is_scraper_rule(rule: dict[str, Any], cfg: RulesConfig) -> bool:
+    """Whether `rule` (of the unsharded rules) needs one target's series only."""
+    return rule.get("record") in scraper_records(cfg) or rule.get("alert") in SCRAPER_ALERTS
+
+
+def _split(groups: list[dict[str, Any]], cfg: RulesConfig, scraper: bool
+           ) -> list[dict[str, Any]]:
+    """`groups` keeping the rules of one part (groups left empty dropped)."""
+    kept = []
+    for group in groups:
+        rules = [r for r in group["rules"] if is_scraper_rule(r, cfg) == scraper]
+        if rules:
+            kept.append({**group, "rules": rules})
+    return kept
+
+
+# ---------------------------------------------------------------- the shards' health
+def scraper_meta(cfg: RulesConfig) -> list[dict[str, Any]]:
+    """What every shard records about itself, and its alerts on the global layer's health."""
+    status = cfg.m("mindformers_train_status")
+    component = f'{COMPONENT_LABEL}=~"{"|".join(COMPONENTS)}"'
+    return [
+        {"name": "mfotel-scraper.rules", "rules": [
+            {"record": HEARTBEAT, "expr": "vector(1)"},
+            {"record": SHARD_RANKS,
+             "expr": f"count by (job_name) (max by (job_name, rank) ({status}))"}]},
+        {"name": "mfotel-scraper.alerts", "rules": [
+            alert(cfg, "MindFormersGlobalRulerDown", f"up{{{component}}} == 0",
+                  cfg.rank_down_for, "critical",
+                  "The global layer of a sharded topology does not answer.",
+                  "{{ $labels.mfotel_component }} ({{ $labels.instance }}) has not answered "
+                  "shard {{ $labels.shard }}'s scrapes for " + cfg.rank_down_for + ": the "
+                  "rules that compare a job's ranks (stragglers, the NaN origin, the culprit "
+                  "of a hang or a dead rank, ranks missing, throughput) are not evaluated "
+                  "meanwhile. Per-rank alerts still page from the shards.")]},
+    ]
+
+
+def global_meta(cfg: RulesConfig) -> list[dict[str, Any]]:
+    """Shards whose heartbeat stopped, the ranks they held, and the shard's page."""
+    lookback = cfg.rank_down_lookback
+    status = cfg.m("mindformers_train_status")
+    share = (f"last_over_time({SHARD_RANKS}{{{SHARD_LABEL}='%s'}}[{lookback}]) / on (job_name) "
+             f"group_left () sum by (job_name) (last_over_time({SHARD_RANKS}[{lookback}]))")
+    jobs = ("{{ range printf \"" + share + "\" $labels." + SHARD_LABEL + " | query }} job "
+            "{{ .Labels.job_name }}: {{ .Value | humanizePercentage }} of its ranks;{{ end }}")
+    return [{"name": "mfotel-topology.rules", "rules": [
+        {"record": SHARD_DOWN,
+         "expr": f"max by ({SHARD_LABEL}) (last_over_time({HEARTBEAT}[{lookback}]))\n"
+                 f"unless on ({SHARD_LABEL}) max by ({SHARD_LABEL}) ({HEARTBEAT})"},
+        {"record": UNSEEN,
+         "expr": f"max by (job_name, rank) (\n  last_over_time({status}[{lookback}])\n"
+                 f"  and on ({SHARD_LABEL}) {SHARD_DOWN}\n) * 0 + 1"},
+    ]}, {"name": "mfotel-topology.alerts", "rules": [
+        alert(cfg, "MindFormersScraperDown",
+              f"sum by ({SHARD_LABEL}) (last_over_time({SHARD_RANKS}[{lookback}]))\n"
+              f"and on ({SHARD_LABEL}) {SHARD_DOWN}\nor\n{SHARD_DOWN} * 0",
+              cfg.rank_down_for, "critical", "A Prometheus shard stopped scraping.",
+              "Shard {{ $labels.shard }} has sent nothing to the store for "
+              f"{cfg.rank_down_for}: the {{{{ $value }}}} rank(s) it scraped are not "
+              "monitored:" + jobs + " their own pages (a rank down, ranks missing, a stall) "
+              "stay quiet until it is back; the other shards' ranks are paged as before.")]}]
+
+
+# ---------------------------------------------------------------- shard-aware global rules
+def _without_unseen(expr: str) -> str:
+    return f"(\n{indent(expr)}\n)\nunless on (job_name, rank) {UNSEEN}"
+
+
+def _replace_once(text: str, old: str, new: str, where: str) -> str:
+    if old not in text:
+        raise AssertionError(f"{where}: the generated rule no longer holds {old[:60]!r}...; "
+                             "update mfotel/alerting/sharded.py with the generator")
+    return text.replace(old, new)
+
+
+def _shard_aware(rule: dict[str, Any], cfg: RulesConfig) -> dict[str, Any]:
+    """The global part's rule: ranks of a stopped shard neither depart nor stall nor go
+    missing; no `keep_firing_for` (vmalert 1.79 refuses it)."""
+    rule = {k: v for k, v in rule.items() if k != "keep_firing_for"}
+    name = _name(rule)
+    if name in (DEPARTURES_FRESH, DEPARTURES):
+        rule["expr"] = _without_unseen(rule["expr"])
+    elif name == "MindFormersTrainingStalled":
+        last = stalled_ranks(cfg).splitlines()[-1]
+        rule["expr"] = _replace_once(rule["expr"], last,
+                                     f"{last} unless on (job_name, rank) {UNSEEN}", name)
+    elif name == "MindFormersRanksMissing":
+        rule["expr"] = f"{rule['expr']}\nunless on (job_name) {UNSEEN}"
+    return rule
+
+
+def scraper_groups(cfg: RulesConfig) -> list[dict[str, Any]]:
+    return [*_split(recording_rules(cfg), cfg, True), *_split(alerting_rules(cfg), cfg, True),
+            *scraper_meta(cfg)]
+
+
+def global_groups(cfg: RulesConfig) -> list[dict[str, Any]]:
+    groups = [*global_meta(cfg), *_split(recording_rules(cfg), cfg, False),
+              *_split(alerting_rules(cfg), cfg, False)]
+    return [{**g, "rules": [_shard_aware(r, cfg) for r in g["rules"]]} for g in groups]
+
+
+def render_sharded_rules(cfg: RulesConfig | None = None) -> dict[str, str]:
+    """File name -> YAML text of the scraper and global rule files."""
+    cfg = cfg or RulesConfig()
+    return {SCRAPER_FILE: _dump(scraper_groups(cfg), cfg),
+            GLOBAL_FILE: _dump(global_groups(cfg), cfg)}
+
+
+_RECORDED = re.compile(r"\b[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]*[a-zA-Z0-9_]\b")
+
+
+def recorded_names_read(groups: list[dict[str, Any]]) -> set[str]:
+    """The recorded series (names with a colon) the rules of `groups` read, in their
+    expressions and their annotations' queries."""
+    found: set[str] = set()
+    for group in groups:
+        for rule in group["rules"]:
+            texts = [rule["expr"], *rule.get("annotations", {}).values()]
+            found |= {m for text in texts for m in _RECORDED.findall(text)}
+    return found
+
+
+def recorded_names(groups: list[dict[str, Any]]) -> set[str]:
+    return {r["record"] for g in groups for r in g["rules"] if "record" in r}
+

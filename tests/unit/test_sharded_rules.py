@@ -1,0 +1,104 @@
+"""The rules split for a sharded topology (mfotel/alerting/sharded.py): every rule in exactly
+one part, the global part reading only what the shards forward or it records itself, both
+files accepted by promtool and the global one by the real vmalert; the unsharded files
+unchanged."""
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mfotel import assets
+from mfotel.alerting import sharded
+from mfotel.alerting.rules import RulesConfig, alerting_rules, recording_rules, render_rules
+from mfotel.localstack.servers import find_binary
+from mfotel.simulation.run import SIM_RULES
+from tests.support.paths import ROOT
+
+CONFIGS = [RulesConfig(), RulesConfig(**SIM_RULES)]
+
+
+def _names(groups: list[dict]) -> list[str]:
+    return [r.get("record") or r["alert"] for g in groups for r in g["rules"]]
+
+
+def _rule_keys(groups: list[dict]) -> list[tuple[str, str]]:
+    """(name, labels) of each rule: a record may be defined once per label set."""
+    return [(r.get("record") or r["alert"], repr(sorted(r.get("labels", {}).items())))
+            for g in groups for r in g["rules"]]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "simulation"])
+def test_every_rule_lands_in_exactly_one_part(cfg):
+    unsharded = Counter(_rule_keys(recording_rules(cfg)) + _rule_keys(alerting_rules(cfg)))
+    scraper, global_ = sharded.scraper_groups(cfg), sharded.global_groups(cfg)
+    meta = Counter(_rule_keys(sharded.scraper_meta(cfg)) + _rule_keys(sharded.global_meta(cfg)))
+    split = Counter(_rule_keys(scraper) + _rule_keys(global_))
+    assert split - meta == unsharded
+    # the per-rank parts run on every shard, the comparisons once
+    assert {"MindFormersLossSpike", sharded.HEARTBEAT} <= set(_names(scraper))
+    assert {"MindFormersRanksMissing", "MindFormersStragglerRank", "MindFormersRankDown",
+            "MindFormersLossNotFinite", "MindFormersScraperDown"} <= set(_names(global_))
+    assert not set(_names(scraper)) & set(_names(global_))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "simulation"])
+def test_the_scraper_part_reads_only_its_own_records_and_the_global_part_what_is_forwarded(cfg):
+    scraper, global_ = sharded.scraper_groups(cfg), sharded.global_groups(cfg)
+    scraper_records = sharded.recorded_names(scraper)
+    global_records = sharded.recorded_names(global_)
+    # a shard holds part of a job: it never reads what compares the job's ranks
+    assert sharded.recorded_names_read(scraper) <= scraper_records
+    # the store holds every shard's samples (raw and recorded) and the ruler's own records
+    assert sharded.recorded_names_read(global_) <= scraper_records | global_records
+    assert sharded.recorded_names_read(global_) & scraper_records   # it does read them
+
+
+def test_the_global_part_leaves_the_ranks_of_a_stopped_shard_out():
+    rules = {r.get("record") or r["alert"]: r for g in sharded.global_groups(RulesConfig())
+             for r in g["rules"]}
+    for name in ("job_name_rank_how:mindformers_train_departure_timestamp_seconds:fresh",
+                 "job_name_rank_how:mindformers_train_departure_timestamp_seconds:valid",
+                 "MindFormersTrainingStalled"):
+        assert f"unless on (job_name, rank) {sharded.UNSEEN}" in rules[name]["expr"], name
+    assert rules["MindFormersRanksMissing"]["expr"].endswith(
+        f"unless on (job_name) {sharded.UNSEEN}")
+    assert not any("keep_firing_for" in r for r in rules.values())   # vmalert 1.79
+
+
+def test_the_unsharded_rules_are_what_the_repository_ships():
+    for name, text in render_rules().items():
+        assert (ROOT / "prometheus" / "rules" / name).read_text() == text
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "simulation"])
+def test_promtool_and_vmalert_accept_both_parts(tmp_path, cfg):
+    promtool, vmalert = find_binary(("promtool",)), find_binary(("vmalert",))
+    assert promtool and vmalert, "install: apt-get install prometheus victoria-metrics"
+    paths = assets.write_files(assets.sharded_rule_files(cfg), tmp_path)
+    done = subprocess.run([promtool, "check", "rules", *map(str, paths)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    counts = [int(line.split()[1]) for line in done.stdout.splitlines() if "rules found" in line]
+    assert sum(counts) == len(_names(sharded.scraper_groups(cfg))) + len(
+        _names(sharded.global_groups(cfg)))
+    checked = subprocess.run([vmalert, "-dryRun", f"-rule={tmp_path / sharded.GLOBAL_FILE}"],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+
+
+def test_mfotel_rules_and_assets_write_the_sharded_topology(tmp_path):
+    from mfotel.cli import main
+    assert main(["rules", "--topology", "sharded", "--out", str(tmp_path / "r")]) == 0
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted(
+        [sharded.SCRAPER_FILE, sharded.GLOBAL_FILE])
+    assert main(["rules", "--topology", "sharded", "--check", "--out", str(tmp_path / "r")]) == 0
+    assert main(["assets", "--topology", "sharded", "--out", str(tmp_path / "a")]) == 0
+    rules = sorted(p.name for p in (tmp_path / "a" / "prometheus" / "rules").iterdir())
+    assert rules == sorted([sharded.SCRAPER_FILE, sharded.GLOBAL_FILE])
+    config = yaml.safe_load((tmp_path / "a" / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == [f"rules/{sharded.SCRAPER_FILE}"]
+    assert not Path(tmp_path / "a" / "prometheus" / "tests").exists()
