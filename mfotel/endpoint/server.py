@@ -37,6 +37,10 @@ app did not read is read and dropped). The limits (`Limits`):
   oldest. A flood from many addresses thus closes its own connections, not a scraper's; a
   client sharing an address with idle sockets (Alertmanager on the attacker's host) keeps its
   connection: it sent its request at once, and the idle ones go first;
+- on Linux the kernel hands a connection over only once its first bytes came
+  (TCP_DEFER_ACCEPT, `defer_accept` seconds; then it does anyway): a client's request is in
+  the buffer when it is accepted, and a socket that comes without any was idle that long
+  already (the victim rule counts it as an idle one older than IDLE_GRACE_SECONDS);
 - the TLS handshake and request head must arrive within `header_timeout` of the accept (before
   any authentication), the body within `request_timeout` of the accept, and the answer must be
   taken within `request_timeout` of its start (idle sockets, slowloris, stalled readers);
@@ -126,6 +130,9 @@ class Limits:
     read_body_bytes: int = 0
     min_body_rate: float = float(1 << 20)
     backlog: int = 128  # socketserver's 5 drops bursts of scrapers
+    #: Linux TCP_DEFER_ACCEPT: the kernel hands over a connection once its first bytes came
+    #: (after this long without any, it does anyway); 0: at once, as elsewhere
+    defer_accept: int = 2
     client_errors_per_second: float = 1.0
     client_error_burst: int = 20
     close_failing_clients: bool = True
@@ -158,12 +165,14 @@ class _Closed(Exception):
 class _Connection:
     """One accepted socket and where it is in its lifecycle."""
 
-    __slots__ = ("sock", "fd", "client", "accepted", "state", "task", "timer", "closed",
-                 "answered_ok", "trusted", "started", "buffer", "body_left", "expect_continue")
+    __slots__ = ("sock", "fd", "client", "accepted", "idle_from", "state", "task", "timer",
+                 "closed", "answered_ok", "trusted", "started", "buffer", "body_left",
+                 "expect_continue")
 
     def __init__(self, sock: socket.socket, client: str) -> None:
         self.sock, self.fd, self.client = sock, sock.fileno(), client
         self.accepted, self.state = time.monotonic(), WAITING
+        self.idle_from = self.accepted   # the victim rule's age of an idle connection
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.closed = self.answered_ok = self.trusted = self.expect_continue = False
@@ -185,6 +194,20 @@ def _readable(conn: _Connection) -> bool:
     poller = select.poll()
     poller.register(conn.fd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def _defer_accept(sock: socket.socket, seconds: int) -> bool:
+    """Ask the kernel to hold a new connection until its first bytes come (at most about
+    `seconds`): a client's request is then in the buffer when it is accepted, never on its way
+    while a flood of idle sockets from its address takes its place. Whether it is on."""
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if seconds <= 0 or option is None:
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, seconds)
+    except OSError:
+        return False
+    return True
 
 
 def _is_liveness(request: Environ) -> bool:
@@ -301,6 +324,7 @@ class Server:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.create_server((host, port), family=family, backlog=limits.backlog)
         self.socket.setblocking(False)
+        self.deferred = _defer_accept(self.socket, limits.defer_accept)
         self._listening = select.poll()  # whether a connection is pending, before an eviction
         self._listening.register(self.socket, select.POLLIN)
         self.port: int = self.socket.getsockname()[1]
@@ -425,6 +449,10 @@ class Server:
                 self._evict(victim)
         sock.setblocking(False)
         conn = _Connection(sock, client)
+        if self.deferred and not _readable(conn):
+            # held by the kernel until its deferral ran out (or past a full backlog): idle
+            # already, not a client whose request is on its way
+            conn.idle_from -= IDLE_GRACE_SECONDS
         self._open[conn] = None
         self._hold(client, 1)
         self._waiting += 1
@@ -448,9 +476,9 @@ class Server:
         # on its way (accepted before its first write): it goes after the started ones
         young = time.monotonic() - IDLE_GRACE_SECONDS
         idle = [c for c in waiting if not c.started]
-        for group, order in (([c for c in idle if c.accepted <= young], False),
+        for group, order in (([c for c in idle if c.idle_from <= young], False),
                              ([c for c in waiting if c.started], False),
-                             ([c for c in idle if c.accepted > young], newest)):
+                             ([c for c in idle if c.idle_from > young], newest)):
             while group:
                 victim = self._pick(group, order)
                 if victim.started or not _readable(victim):

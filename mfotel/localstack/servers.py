@@ -188,14 +188,19 @@ class Prometheus(_Server):
 
 
     def wait_for_evaluation(self, after: float, timeout: float = 60.0) -> None:
-        """Poll until every rule group was evaluated after unix time `after`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Poll until every rule group was evaluated after unix time `after`: within
+        `timeout` seconds past `after` plus the longest group interval (the goodput group
+        evaluates once a minute, the others at the global interval)."""
+        deadline = time.monotonic() + max(after - time.time(), 0.0) + timeout
+        longest = 0.0
+        while time.monotonic() < deadline + longest:
             groups = http_get_json(f"{self.url}/api/v1/rules")["data"]["groups"]
+            longest = max((float(g.get("interval") or 0) for g in groups), default=0.0)
             if groups and all(unix_seconds(g["lastEvaluation"]) > after for g in groups):
                 return
             time.sleep(0.1)
-        raise TimeoutError(f"rules not evaluated after {after} within {timeout}s")
+        raise TimeoutError(f"rules not evaluated after {after} within {timeout}s past it and "
+                           f"the longest group interval ({longest:g} s)")
 
 
 def unix_seconds(rfc3339: str) -> float:

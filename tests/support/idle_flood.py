@@ -131,6 +131,7 @@ class IdleFlood:
 
     def __init__(self, port: int, sources: list[str], per_source: int, send: bytes = b"") -> None:
         self.args = [str(port), ",".join(sources), str(per_source), send.hex()]
+        self.idle = not send   # its connections never send a byte
         self.stats: dict[str, Any] = {}
         self._process: subprocess.Popen[str] | None = None
 

@@ -31,10 +31,13 @@ def echo(environ, start_response):
 
 @pytest.fixture
 def server():
-    """A factory of started servers, closed after the test."""
+    """A factory of started servers, closed after the test. The kernel's deferral of idle
+    connections is off (defer_accept 0, as where TCP_DEFER_ACCEPT does not exist or past a
+    full backlog): idle sockets meet the server's own rules at once."""
     started: list[Server] = []
 
     def start(app=echo, **limits) -> Server:
+        limits = {"defer_accept": 0, **limits}
         started.append(Server(app, "127.0.0.1", 0, limits=Limits(**limits)).start())
         return started[-1]
     yield start
@@ -407,3 +410,27 @@ def test_a_body_read_before_the_app_holds_no_worker_and_is_cut_at_its_deadline(s
         assert srv.timed_out == 1
     finally:
         stalled.close()
+
+
+def test_the_kernel_holds_idle_connections_and_hands_over_requests_at_once(server):
+    """With the deferral (the default on Linux), an idle socket takes no place until it ran out;
+    a client's request is accepted as it comes, its bytes already in the buffer; an idle one
+    handed over later counts as idle beyond IDLE_GRACE_SECONDS (the first to make room)."""
+    srv = server(max_connections=10, max_connections_per_client=2, request_timeout=60,
+                 defer_accept=2)
+    assert srv.deferred
+    sleepers = idle(srv.port, "127.0.0.2", 2)
+    try:
+        time.sleep(1.0)
+        assert srv.open_connections == 0   # held by the kernel, not by the server
+        answer = request(f"http://127.0.0.1:{srv.port}/", "POST", b"hi", source="127.0.0.2")
+        assert answer.status == 200 and answer.body == b"hi"
+        assert srv.evicted == 0
+        assert opened(srv, 2)   # the deferral ran out: handed over without a byte
+        late = idle(srv.port, "127.0.0.2", 1)[0]   # the share is full: an old idle one goes
+        wait_for(lambda: srv.evicted == 1, settle(10), 0.05, "one idle place taken back")
+        assert sum(closed_by_peer(s) for s in sleepers) == 1
+        late.close()
+    finally:
+        for sock in sleepers:
+            sock.close()
