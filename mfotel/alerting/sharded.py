@@ -24,7 +24,6 @@ import re
 from typing import Any
 
 from .cascade import (
-    DEPARTURES,
     DEPARTURES_FRESH,
     SCRAPED,
     outside_record,
@@ -140,6 +139,10 @@ def global_meta(cfg: RulesConfig) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- shard-aware global rules
+#: The culprit's pages for a rank that left for good (mfotel.alerting.cascade).
+NEW_CULPRIT_PAGES = ("MindFormersRankDown", "MindFormersRankExited", "MindFormersRankFailed")
+
+
 def _without_unseen(expr: str) -> str:
     return f"(\n{indent(expr)}\n)\nunless on (job_name, rank) {UNSEEN}"
 
@@ -156,8 +159,14 @@ def _shard_aware(rule: dict[str, Any], cfg: RulesConfig) -> dict[str, Any]:
     missing; no `keep_firing_for` (vmalert 1.79 refuses it)."""
     rule = {k: v for k, v in rule.items() if k != "keep_firing_for"}
     name = _name(rule)
-    if name in (DEPARTURES_FRESH, DEPARTURES):
+    if name == DEPARTURES_FRESH:
+        # a stopped shard's ranks leave no new departure; those held before it stopped stay,
+        # so an incident it held keeps its culprit and its page
         rule["expr"] = _without_unseen(rule["expr"])
+    elif name in NEW_CULPRIT_PAGES:
+        # ranks whose series vanished with their shard before its heartbeat did (the
+        # store's staleness of the two may differ by a scrape) are not culprits
+        rule["expr"] = f"{rule['expr']}\nunless on (job_name, rank) {UNSEEN}"
     elif name == "MindFormersTrainingStalled":
         last = stalled_ranks(cfg).splitlines()[-1]
         rule["expr"] = _replace_once(rule["expr"], last,
@@ -202,3 +211,23 @@ def recorded_names_read(groups: list[dict[str, Any]]) -> set[str]:
 def recorded_names(groups: list[dict[str, Any]]) -> set[str]:
     return {r["record"] for g in groups for r in g["rules"] if "record" in r}
 
+
+
+def global_depths(cfg: RulesConfig) -> dict[str, int]:
+    """For each rule of the global part, how many of the part's own records it reads one
+    after another (a record read the evaluation it is written in, in Prometheus; a ruler that
+    writes its records to a remote store reads each one evaluation later)."""
+    groups = global_groups(cfg)
+    own = recorded_names(groups)
+    depth: dict[str, int] = {}
+    for _ in range(20):   # to a fixed point: a record may read one defined below it
+        changed = False
+        for rule in (r for g in groups for r in g["rules"]):
+            name = _name(rule)
+            read = (set(_RECORDED.findall(rule["expr"])) & own) - {name}
+            value = 1 + max((depth.get(r, 0) for r in read), default=0) if read else 0
+            if depth.get(name, -1) < value:
+                depth[name], changed = value, True
+        if not changed:
+            return depth
+    raise AssertionError("the global records read each other in a cycle")

@@ -9,6 +9,7 @@ that stopping paged nobody.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -30,11 +31,12 @@ from typing import Any
 
 import yaml
 
-from ..alerting.rules import RulesConfig, parse_set
+from ..alerting.rules import RulesConfig, duration_seconds, parse_set
 from ..cluster.discovery import target_groups, write_target_file
 from ..contract import SEED_METRICS
 from ..localstack.alerting import shipped_files
 from ..localstack.servers import free_port_block
+from ..localstack.sharded import ShardedStack, detection_seconds, global_page_lag
 from .scenario import (
     Expected,
     SimJob,
@@ -46,6 +48,7 @@ from .scenario import (
     slow_factor,
 )
 from .stack import CountingReceiver, Notification, PrometheusProbe, SimStack, route_setting
+from .topology_faults import TopologyCheck, TopologyFaults
 
 #: Rule thresholds and `for:` durations of a simulated run: the shipped ones would take
 #: 15 minutes per fault (stall 900 s, straggler 10m). Each is shortened so its alert can fire
@@ -90,8 +93,11 @@ class SimSettings:
     extra_seconds: float = 0.0      # keep running this long after the checks' window
     late_seconds: float = 0.0       # then up to this long more while an expected page is missing
     node_agents: bool = False       # a node agent (mfotel-instrument's endpoint) per node
+    shards: int = 0                 # with_stack: K Prometheus shards, VictoriaMetrics, vmalert,
+                                    # two clustered Alertmanagers (0: one Prometheus)
+    kill_topology: bool = True      # shards: kill an Alertmanager and a shard mid-run
     on_progress: Callable[[str], None] = lambda text: None
-    during_run: Callable[[Simulation, SimStack | None], None] | None = None  # before stopping
+    during_run: Callable[[Simulation, SimStack | ShardedStack | None], None] | None = None
 
     def rules_config(self) -> RulesConfig:
         return RulesConfig(**self.rules)
@@ -379,11 +385,22 @@ class SimResult:
     firing_in_prometheus: list[dict[str, str]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     checked: bool = True            # False: no webhook received anything to check
+    topology: TopologyCheck | None = None   # shards: the killed shard's page
 
     @property
     def ok(self) -> bool:
         return (self.checked and all(c.ok for c in self.checks) and not self.unexpected
-                and not self.after_stop)
+                and not self.after_stop and (self.topology is None or self.topology.ok))
+
+
+def topology_quiet_seconds(settings: SimSettings) -> float:
+    """How long to watch after a shard is killed: its page (the store's staleness, the
+    ruler, the `for:`), and the longest an alert its ranks could wrongly raise takes (down,
+    missing, stalled), each with the critical route's group_wait."""
+    rules = settings.rules_config()
+    stall = rules.stall_seconds + duration_seconds(rules.stall_for)
+    return max(detection_seconds(settings.interval, rules), stall,
+               quiet_seconds(rules, settings.interval)) + 2 * settings.interval + 10
 
 
 def run_simulation(settings: SimSettings) -> SimResult:
@@ -395,24 +412,39 @@ def run_simulation(settings: SimSettings) -> SimResult:
     workdir = Path(settings.workdir or tempfile.mkdtemp(prefix="mfotel-sim-"))
     workdir.mkdir(parents=True, exist_ok=True)
     file_sd_dir = settings.file_sd_dir or workdir / "targets"
-    stack = SimStack(workdir, file_sd_dir / "*.json", settings.interval, settings.rules_config(),
-                     settings.shipped_cost) if settings.with_stack else None
+    stack: SimStack | ShardedStack | None = None
+    if settings.with_stack and settings.shards:
+        stack = ShardedStack(workdir, file_sd_dir / "*.json", settings.shards, settings.interval,
+                             settings.rules_config(), CountingReceiver())
+    elif settings.with_stack:
+        stack = SimStack(workdir, file_sd_dir / "*.json", settings.interval,
+                         settings.rules_config(), settings.shipped_cost)
+    topology = TopologyFaults(stack, settings.prefix, kill_scraper=settings.shards > 1) \
+        if isinstance(stack, ShardedStack) and settings.kill_topology else None
     webhook = None
     if stack is None and settings.webhook:
         host, _, port = settings.webhook.rpartition(":")
         webhook = CountingReceiver(host or "127.0.0.1", int(port))
     am_config = yaml.safe_load(shipped_files()["alertmanager"])
-    group_wait = stack.group_wait if stack else (
-        lambda labels: route_setting(am_config, labels, "group_wait", "30s"))
+    def group_wait(labels: Mapping[str, str]) -> float:
+        return route_setting(am_config, labels, "group_wait", "30s")
     sim = Simulation(settings, workdir, group_wait)
+    if settings.shards:   # the global part's pages come through the store and the ruler
+        sim.expected = [dataclasses.replace(e, deadline=e.deadline + lag, how=(
+            f"{e.how} + global ruler {lag:.0f}s")) for e in sim.expected
+            for lag in [global_page_lag(e.alertname, settings.rules_config(), settings.interval)]]
     say, probes, poll_url = settings.on_progress, [], settings.alertmanager_url
     result: SimResult | None = None
     try:
         if stack is not None:
             stack.start()
             assert stack.prometheus is not None and stack.alertmanager is not None
-            probes = [PrometheusProbe(p) for p in (stack.prometheus, stack.shipped) if p]
-            poll_url = poll_url or stack.alertmanager.url
+            shipped = stack.shipped if isinstance(stack, SimStack) else None
+            probes = [PrometheusProbe(p) for p in (stack.prometheus, shipped) if p]
+            # the Alertmanager that stays up
+            poll_url = poll_url or (stack.alertmanagers[-1].url if isinstance(
+                stack, ShardedStack) else stack.alertmanager.url)
+            assert isinstance(stack.receiver, CountingReceiver)
             webhook = stack.receiver
             say(f"Prometheus {stack.prometheus.url}, Alertmanager {stack.alertmanager.url}, "
                 f"receiver {stack.receiver.url}")
@@ -433,9 +465,18 @@ def run_simulation(settings: SimSettings) -> SimResult:
                     f"faults ({item.how})")
             end = start + sim.duration
             while (now := time.time()) < end + settings.late_seconds:
-                if now >= end and not pages_missing(sim, webhook, start):
+                missing = pages_missing(sim, webhook, start)
+                if topology is not None and webhook is not None:
+                    if now >= start + settings.timing.fault_at:
+                        topology.at_faults(now)
+                    if not missing and now >= start + settings.timing.fault_at \
+                            and topology.check.killed_at is None:
+                        topology.after_pages(now)
+                        end = max(end, now + topology_quiet_seconds(settings))
+                    topology.read(webhook.notifications_seen)
+                if now >= end and not missing and (topology is None or not topology.waiting):
                     break
-                time.sleep(min(10.0, max(end - now, 1.0)))
+                time.sleep(min(2.0 if topology else 10.0, max(end - now, 1.0)))
                 for probe in probes:
                     probe.try_sample()
             if settings.during_run is not None:
@@ -444,8 +485,11 @@ def run_simulation(settings: SimSettings) -> SimResult:
         if poller is not None:
             result.active_in_alertmanager = sorted(poller.seen)
         if stack is not None and stack.prometheus is not None:
+            # the store holds every shard's alerts and the global ruler's
+            alerts_from = stack.store if isinstance(stack, ShardedStack) else stack.prometheus
             try:   # what fired, muted or not: a busy Prometheus may not answer in time
-                result.firing_in_prometheus = [r["metric"] for r in stack.prometheus.query(
+                assert alerts_from is not None
+                result.firing_in_prometheus = [r["metric"] for r in alerts_from.query(
                     f'ALERTS{{alertstate="firing", job_name=~"{settings.prefix}-.*"}}')]
             except (OSError, RuntimeError) as error:
                 result.extra["firing_query_error"] = repr(error)
@@ -468,6 +512,8 @@ def run_simulation(settings: SimSettings) -> SimResult:
                 sim.expected, [n for n in received if n.received_at < stopped],
                 result.fault_time, settings.prefix)
             result.after_stop = new_after(received, stopped, settings.prefix)
+            if topology is not None:
+                result.topology = topology.read(received)
         else:   # nothing to check against: the schedule of what should have paged
             result.checks, result.checked = [IncidentCheck(e) for e in sim.expected], False
     finally:
@@ -507,6 +553,17 @@ def format_report(result: SimResult) -> str:
         return "\n".join(lines)
     lines.append(f"false notifications: {len(result.unexpected)}; after stopping: "
                  f"{len(result.after_stop)}")
+    if result.topology is not None:
+        t = result.topology
+        delay = "-" if t.delay is None else f"{t.delay:.1f}s"
+        am_at = (t.alertmanager_killed_at or 0) - result.start_time
+        lines.append(f"Alertmanager 0 of 2 killed at +{am_at:.0f}s; "
+                     f"shard {t.killed_shard} ({t.shard_ranks} rank targets) killed at "
+                     f"+{(t.killed_at or 0) - result.start_time:.0f}s: {t.notifications} "
+                     f"MindFormersScraperDown notification(s) naming shard(s) "
+                     f"{','.join(t.shards_named) or '-'} after {delay}; other pages: "
+                     f"{len(t.others)} ({'yes' if t.ok else 'NO'})")
+        lines += [f"  {other}" for other in t.others]
     for notification in [*result.unexpected, *result.after_stop]:
         for alert in _firing(notification, s.prefix):
             lines.append(f"  {alert.alertname} job_name={alert.labels.get('job_name')} "
@@ -552,6 +609,13 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--node-agents", action="store_true",
                         help="also serve a node agent endpoint per node (one target per "
                              "--ranks-per-node ranks), as mfotel-instrument does")
+    parser.add_argument("--shards", type=int, default=0, metavar="K",
+                        help="with --with-stack: split every job's targets over K Prometheus "
+                             "shards (hashmod of the address) writing to VictoriaMetrics, the "
+                             "global rules on vmalert, two clustered Alertmanagers; kill one "
+                             "Alertmanager at the faults and one shard once they paged")
+    parser.add_argument("--no-kill", dest="kill_topology", action="store_false",
+                        help="with --shards: kill neither an Alertmanager nor a shard")
     parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON")
     return parser
 
@@ -570,6 +634,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         host=args.host, advertise=args.advertise, port=args.port, file_sd_dir=args.file_sd_dir,
         interval=args.interval, rules=rules, with_stack=args.with_stack,
         alertmanager_url=args.alertmanager_url, webhook=args.webhook, node_agents=args.node_agents,
+        shards=args.shards, kill_topology=args.kill_topology,
         on_progress=lambda text: print(f"mfotel simulate: {text}", file=sys.stderr, flush=True))
 
 
@@ -582,6 +647,10 @@ def run_simulate_command(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         settings.rules_config()
+        if settings.shards < 0 or (settings.shards and not settings.with_stack):
+            raise ValueError(f"--shards {settings.shards}: give a number of Prometheus shards "
+                             ">= 1 together with --with-stack (the sharded topology runs on "
+                             "loopback), or leave --shards out")
         plan_jobs(settings.ranks, settings.ranks_per_node, settings.prefix)
     except ValueError as error:
         print(f"mfotel simulate: {error}", file=sys.stderr)

@@ -34,6 +34,7 @@ WHOLE_JOB = frozenset({
     "tests/e2e/test_cluster_sim_e2e.py",
     "tests/e2e/test_job_truth_msrun.py",
     "tests/e2e/test_node_agent_msrun.py",
+    "tests/e2e/test_sharded_topology_e2e.py",
     "tests/e2e/test_stacks_msrun.py",
 })
 #: Modules whose tests share no module-scoped fixture, each test a job of its own: the

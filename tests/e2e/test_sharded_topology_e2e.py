@@ -1,0 +1,64 @@
+"""One job larger than one Prometheus (issue 36): a small simulated cluster whose every job is
+split over 2 real Prometheus shards by target (`hashmod` of the address), each writing to a
+real VictoriaMetrics, the global rules on a real vmalert over it, and two real Alertmanagers
+clustered on loopback with the shipped routes and inhibitions.
+
+Every scripted fault must page exactly once, naming the right rank, with one Alertmanager
+killed as the faults begin; once they paged, one shard is killed: it pages once, as
+MindFormersScraperDown naming it and each job's share it held, and its ranks page as nothing
+else (not down, not missing, not stalled). Then the simulation stops and nothing pages.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from mfotel.localstack.alerting import shipped_files
+from mfotel.simulation.run import SIM_RULES, SimSettings, Simulation, run_simulation
+from mfotel.simulation.scenario import Timing
+from mfotel.simulation.stack import route_setting
+from tests.support.waiting import MIN_LOAD_FACTOR, load_factor
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_shards_by_target_page_each_fault_once_and_a_dead_shard_once(tmp_path):
+    rules = {**SIM_RULES, "straggler_for": "10s"}
+    stretch = load_factor() / MIN_LOAD_FACTOR
+    settings = SimSettings(ranks=32, ranks_per_node=4, processes=2, prefix="t", seed=7,
+                           timing=Timing(warmup_seconds=60.0), rules=rules, with_stack=True,
+                           workdir=tmp_path, shards=2)
+    shipped = yaml.safe_load(shipped_files()["alertmanager"])
+    planned = Simulation(settings, tmp_path,
+                         lambda labels: route_setting(shipped, labels, "group_wait", "30s"))
+    settings.late_seconds = (stretch - 1) * planned.observe_seconds
+    result = run_simulation(settings)
+    by_fault = {job.fault: job for job in result.jobs}
+    assert sum(w["export_errors"] for w in result.workers) == 0
+    for check in result.checks:   # one notification per incident, the right alert and ranks
+        e = check.expected
+        assert (check.notifications, check.alertnames, check.ranks) == (
+            1, (e.alertname,), e.ranks or ("",)), (e, check)
+        assert check.delay is not None and 0 < check.delay <= e.deadline * stretch, \
+            (e, check.delay, f"stretched x{stretch:.1f}")
+    named = {c.expected.job_name: (c.alertnames, c.ranks) for c in result.checks}
+    assert named == {
+        "t-main": (("MindFormersStragglerRank",), (str(by_fault["input"].fault_ranks[0]),)),
+        "t-compute": (("MindFormersThroughputDrop",), ("",)),
+        "t-nan": (("MindFormersLossNotFinite",), (str(by_fault["nan"].fault_ranks[0]),)),
+        "t-rank-down": (("MindFormersRankDown",), (str(by_fault["rank_down"].fault_ranks[0]),)),
+        "t-hang": (("MindFormersTrainingStalled",), tuple(str(r) for r in range(4, 8)))}
+    assert result.unexpected == [] and result.after_stop == [], "false pages"
+    # the killed shard: one page naming it, its share of each job, nothing else
+    topology = result.topology
+    assert topology is not None and topology.alertmanager_killed_at is not None
+    assert (topology.notifications, topology.shards_named, topology.others) == (1, ("1",), [])
+    assert 0 < topology.shard_ranks < 32
+    shares = dict(re.findall(r"job (t-[a-z-]+): ([0-9.]+)% of its ranks", topology.description))
+    assert "t-main" in shares and 0 < float(shares["t-main"]) < 100, topology.description
+    # the ranks it scraped last (its targets also hold ranks that ended before it died)
+    [held] = re.findall(r"the ([0-9]+) rank\(s\) it scraped", topology.description)
+    assert 0 < int(held) <= topology.shard_ranks, topology.description
+    assert topology.delay is not None and topology.delay < 60 * stretch
