@@ -5,14 +5,19 @@ Every rank exports its time account (mfotel.time_account): `mindformers_train_ti
 to the rank's last event. These rules turn it into the run's account, one minute at a time
 (the group is evaluated every minute; `offset 1m` reads the evaluation before):
 
-1. each rank's increase over the minute, exactly (the counter now minus a minute ago; all of it
-   when the process is new: another process start), averaged over the run's ranks (`run_id`
-   from `mindformers_train_rank_info`; without a configured run, the job is the run);
-2. the steps redone: the global steps of the minute at or below the run's highest step before
-   it (its high-water mark), their share of the minute's step time is `recomputed`, the rest
+1. each rank's increase over the minute, exactly (its last scrape now minus its last scrape a
+   minute ago; all of it when the process is new: another process start), averaged over the
+   run's ranks (`run_id` from `mindformers_train_rank_info`; without a configured run, the job
+   is the run). A rank's last scrape is read over `LOOKBACK` (5m, as an instant read), past the
+   staleness a failed scrape or a killed process leaves: the minute a rank was killed in counts
+   up to its last scrape, and a scrape that failed is no new process;
+2. the steps redone: each rank's steps of the minute at or below the run's high-water mark
+   (the highest step every rank had completed before the minute: ranks a step apart at a
+   scrape redo nothing), their share of the minute's step time is `recomputed`, the rest
    `goodput`;
-3. the downtime: when a new attempt shows up, from the last event of the run before it to the
-   new processes' start;
+3. the downtime: when a new attempt shows up (the earliest process start of the run's live
+   ranks moved on: ranks whose first scrapes fall in two minutes are one attempt), from the
+   last event of the run before it (its ranks' last scrapes) to the new processes' start;
 4. the run's totals (over `goodput_run_window`), its wall clock (first process start to now
    while a rank runs, else to its last event), `unaccounted` what the categories leave of it,
    and the shares of the last hour.
@@ -33,6 +38,8 @@ from .thresholds import RulesConfig, duration_seconds
 
 #: The rule group's evaluation interval: the `offset` of every per-minute increase.
 INTERVAL = "1m"
+#: How far back a rank's last scrape is read (Prometheus' instant look-back).
+LOOKBACK = "5m"
 #: The window of the shares and of the alerts (Prometheus 2 ranges hold both ends: 61 minutes).
 WINDOW = "1h"
 CATEGORIES = ("goodput", "recomputed", *(p for p in PHASES if p != "step"), "downtime")
@@ -41,8 +48,8 @@ UNACCOUNTED = "unaccounted"
 # recorded series, in the group's order (later rules read earlier ones of the same evaluation)
 PHASE_INCREASE = "job_name_run_id_phase:mindformers_train_time_seconds:increase1m"
 STEPS_INCREASE = "job_name_run_id:mindformers_train_steps:increase1m"
-STEP_MAX = "job_name_run_id:mindformers_train_step:max"
-PROCESS_START = "job_name_run_id:mindformers_train_process_start_timestamp_seconds:avg"
+STEP_MIN = "job_name_run_id:mindformers_train_step:min"
+PROCESS_START = "job_name_run_id:mindformers_train_process_start_timestamp_seconds:min"
 LAST_EVENT = "job_name_run_id:mindformers_train_last_event_timestamp_seconds:avg"
 ATTEMPTS = "job_name_run_id:mindformers_train_attempts:increase1m"
 RESUME_STEP = "job_name_run_id:mindformers_train_resume_step:first_step"
@@ -61,27 +68,55 @@ RUN = "job_name, run_id"
 
 
 def _of_run(cfg: RulesConfig, expr: str) -> str:
-    """`expr` (per rank) with the run_id of the rank's rank_info."""
+    """`expr` (per rank) with the run_id of the rank's rank_info: the live one, else its last
+    within LOOKBACK (a killed rank's last scrapes stay its run's)."""
     info = cfg.m("mindformers_train_rank_info")
-    return (f"(\n{indent(expr)}\n)\n* on (job_name, rank) group_left (run_id)\n"
-            f"max by (job_name, rank, run_id) ({info})")
+    by = "max by (job_name, rank, run_id)"
+    return (f"(\n{indent(expr)}\n)\n* on (job_name, rank) group_left (run_id)\n(\n"
+            f"  {by} ({info})\n  or on (job_name, rank)\n  topk by (job_name, rank) "
+            f"(1, {by} (last_over_time({info}[{LOOKBACK}])))\n)")
 
 
-def _same_process(cfg: RulesConfig) -> str:
+def _last(cfg: RulesConfig, name: str, *matchers: str, before: bool = False) -> str:
+    """Each rank's series `name` (per phase: the time account) as last scraped: live, else
+    its last scrape within LOOKBACK (a killed rank's, a failed scrape's; not where the rank has
+    a live series at another address); a minute before with `before`."""
+    offset = f" offset {INTERVAL}" if before else ""
+    by = "job_name, rank, phase" if name == "mindformers_train_time_seconds_total" else \
+        "job_name, rank"
+    series = cfg.m(name, *matchers)
+    return (f"({series}{offset} or on ({by}) last_over_time({series}[{LOOKBACK}]{offset}))")
+
+
+#: Each rank's series as the evaluation read them (`_last`), recorded: the next evaluation's
+#: increase subtracts exactly what this one counted (a scrape stored after an evaluation ran
+#: but stamped before it is counted by the next one, never lost between them).
+SEEN = {name: f"job_name_rank:{name}:last_scrape" for name in (
+    "mindformers_train_time_seconds_total", "mindformers_train_steps_total",
+    "mindformers_train_process_start_timestamp_seconds")}
+
+
+def _seen(name: str, *matchers: str, before: bool = False) -> str:
+    """The recorded last scrape of `name` (SEEN), this evaluation's or the one before's."""
+    selector = SEEN[name] + (f"{{{', '.join(matchers)}}}" if matchers else "")
+    return f"{selector} offset {INTERVAL}" if before else selector
+
+
+def _same_process() -> str:
     """Ranks whose process is the one a minute ago (the same start), and ranks that export no
     process start (an exporter without the time account, the simulator): nothing tells a new
     process there, and every minute would otherwise be one."""
-    start = cfg.m("mindformers_train_process_start_timestamp_seconds")
-    steps = cfg.m("mindformers_train_steps_total")
-    return (f"(\n  {start} == {start} offset {INTERVAL}\n  or on (job_name, rank)\n"
-            f"  ({steps} unless on (job_name, rank) {start})\n)")
+    start = "mindformers_train_process_start_timestamp_seconds"
+    return (f"(\n  {_seen(start)} == {_seen(start, before=True)}\n"
+            f"  or on (job_name, rank)\n  ({_seen('mindformers_train_steps_total')} "
+            f"unless on (job_name, rank) {_seen(start)})\n)")
 
 
-def _increase(cfg: RulesConfig, counter: str) -> str:
-    """Each rank's exact increase of `counter` over the minute; all of it for a new process
-    (its counters started at 0) or one seen for the first time."""
-    return (f"({counter} - {counter} offset {INTERVAL})\n"
-            f"and on (job_name, rank) {_same_process(cfg)}\nor\n{counter}")
+def _increase(name: str) -> str:
+    """Each rank's exact increase of counter `name` since the evaluation before, to its last
+    scrape; all of it for a new process (its counters started at 0) or one seen first."""
+    return (f"({_seen(name)} - {_seen(name, before=True)})\n"
+            f"and on (job_name, rank) {_same_process()}\nor\n{_seen(name)}")
 
 
 def _running(cfg: RulesConfig) -> str:
@@ -92,15 +127,14 @@ def _running(cfg: RulesConfig) -> str:
 
 def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     """The run account, in evaluation order (module docstring)."""
-    m = cfg.m
-    time_account = m("mindformers_train_time_seconds_total")
-    steps = m("mindformers_train_steps_total")
-    step = m("mindformers_train_step")
-    start = m("mindformers_train_process_start_timestamp_seconds")
+    time_account = _seen("mindformers_train_time_seconds_total")
+    steps = _seen("mindformers_train_steps_total")
+    step = _last(cfg, "mindformers_train_step")
     w = cfg.goodput_run_window
-    # the run's highest step before this minute, and the step the minute began at
-    high_water = f"max_over_time({STEP_MAX}[{w}] offset {INTERVAL})"
-    began_at = f"({STEP_MAX} - {STEPS_INCREASE})"
+    # the run's high-water mark: the highest step every rank had completed before this
+    # minute; each rank's step the minute began at, averaged
+    high_water = f"max_over_time({STEP_MIN}[{w}] offset {INTERVAL})"
+    began_at = f"(avg by ({RUN}) (\n{indent(_of_run(cfg, step), '  ')}\n  )\n  - {STEPS_INCREASE})"
     below_high_water = (f"(\n  clamp_min({high_water} - {began_at}, 0)\n"
                         f"  or\n  {STEPS_INCREASE} * 0\n)")
     step_time = f'sum without (phase) ({PHASE_INCREASE}{{phase="step"}})'
@@ -108,38 +142,61 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                        f"  or\n  {step_time} * 0\n)")
     # rank 0, if its first step of this process came within the minute: the step it resumed
     # after (one rank: the ranks' first steps of one attempt may fall in two minutes)
-    steps0 = m("mindformers_train_steps_total", 'rank="0"')
+    steps0 = _seen("mindformers_train_steps_total", 'rank="0"')
+    steps0_before = _seen("mindformers_train_steps_total", 'rank="0"', before=True)
     first_step = (f"({steps0} > 0)\nunless on (job_name, rank) (\n"
-                  f"  ({steps0} offset {INTERVAL} > 0)\n  and on (job_name, rank) "
-                  f"{_same_process(cfg)}\n)")
+                  f"  ({steps0_before} > 0)\n  and on (job_name, rank) "
+                  f"{_same_process()}\n)")
     resumed = f"({step} - {steps})\nand on (job_name, rank)\n{first_step}"
-    last_event = (f"{start}\n+ on (job_name, rank) group_left ()\n"
-                  f"sum without (phase) ({time_account})")
+    # a rank's last event: its process start and its account (at its last scrape)
+    account, start_name = "mindformers_train_time_seconds_total", \
+        "mindformers_train_process_start_timestamp_seconds"
+    start, start_before = _seen(start_name), _seen(start_name, before=True)
+    last_event = f"{start}\n+\nsum without (phase) ({time_account})"
+    last_event_before = (f"{start_before}\n+\nsum without (phase) "
+                         f"({_seen(account, before=True)})")
+    # ranks whose process is new this minute (their start as value); each one's downtime: from
+    # its own last event a minute ago (its old process's last scrape, within LOOKBACK), else
+    # from the run's last event
+    new_rank = f"{start}\nunless on (job_name, rank)\n({start} == {start_before})"
+    known = (f"clamp_min(\n  ({indent(new_rank, '  ').strip()})\n  - on (job_name, rank)\n"
+             f"  ({indent(last_event_before, '  ').strip()}),\n  0\n)")
+    unknown = f"({new_rank})\nunless on (job_name, rank)\n({last_event_before})"
+    rank_downtime = (f"{_of_run(cfg, known)}\nor\nclamp_min(\n{indent(_of_run(cfg, unknown))}\n"
+                     f"  - on ({RUN}) group_left ()\n  last_over_time({LAST_EVENT}[{w}] offset "
+                     f"{INTERVAL}),\n  0\n)")
+    ranks = f"count by ({RUN}) (\n{indent(_of_run(cfg, start))}\n)"
     end = (f"(\n  {PROCESS_START} * 0 + time()\n  and on ({RUN})\n{indent(_running(cfg), '  ')}\n"
            f"  or\n  max_over_time({LAST_EVENT}[{w}])\n)")
     per_minute = [
+        *({"record": record, "expr": _last(cfg, name)} for name, record in SEEN.items()),
         {"record": PHASE_INCREASE,
-         "expr": f"avg by ({RUN}, phase) (\n{indent(_of_run(cfg, _increase(cfg, time_account)))}"
+         "expr": f"avg by ({RUN}, phase) (\n"
+                 f"{indent(_of_run(cfg, _increase('mindformers_train_time_seconds_total')))}"
                  "\n)"},
         {"record": STEPS_INCREASE,
-         "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, _increase(cfg, steps)))}\n)"},
-        {"record": STEP_MAX, "expr": f"max by ({RUN}) (\n{indent(_of_run(cfg, step))}\n)"},
-        {"record": PROCESS_START, "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, start))}\n)"},
+         "expr": f"avg by ({RUN}) (\n"
+                 f"{indent(_of_run(cfg, _increase('mindformers_train_steps_total')))}\n)"},
+        {"record": STEP_MIN, "expr": f"min by ({RUN}) (\n{indent(_of_run(cfg, step))}\n)"},
+        # the earliest start of the run's processes
+        {"record": PROCESS_START,
+         "expr": f"min by ({RUN}) (\n{indent(_of_run(cfg, start))}\n)"},
         {"record": LAST_EVENT,
          "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, last_event))}\n)"},
-        # 1 in the minute a run's processes are new (a later start than a minute ago, or none
-        # then): an attempt began
+        # the share of the run's ranks whose process is new this minute: 1 an attempt (its
+        # ranks may first be scraped in two minutes)
         {"record": ATTEMPTS,
-         "expr": f"({PROCESS_START} > bool {PROCESS_START} offset {INTERVAL})\n"
-                 f"or\n{PROCESS_START} * 0 + 1"},
+         "expr": f"sum by ({RUN}) (\n{indent(_of_run(cfg, f'({new_rank}) * 0 + 1'))}\n)\n"
+                 f"/ {ranks}\nor\n{PROCESS_START} * 0"},
         {"record": RESUME_STEP, "expr": f"max by ({RUN}) (\n{indent(_of_run(cfg, resumed))}\n)"},
         # an attempt that resumed from no later a step than the attempt before it
         {"record": RESTARTS_NO_PROGRESS,
          "expr": f"{RESUME_STEP}\n<= bool\nlast_over_time({RESUME_STEP}[{WINDOW}] offset "
                  f"{INTERVAL})"},
+        # the mean of the ranks' downtime before their new process
         {"record": DOWNTIME,
-         "expr": f"clamp_min({PROCESS_START} - last_over_time({LAST_EVENT}[{w}] offset "
-                 f"{INTERVAL}), 0)\nand on ({RUN}) ({ATTEMPTS} == 1)\nor\n{PROCESS_START} * 0"},
+         "expr": f"sum by ({RUN}) (\n{indent(rank_downtime)}\n)\n/ {ranks}\n"
+                 f"or\n{PROCESS_START} * 0"},
         {"record": RECOMPUTED_STEPS,
          "expr": f"{below_high_water} <= {STEPS_INCREASE}\nor\n{STEPS_INCREASE}"},
     ]

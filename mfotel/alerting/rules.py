@@ -22,9 +22,9 @@ from ..contract import (
     STATUS_RUNNING,
     finite_samples,
 )
+from . import goodput
 from .cascade import FAILED_EXIT as FAILED_EXIT
 from .cascade import FIRST, cascade_alerts, cascade_records
-from .goodput import INTERVAL as GOODPUT_INTERVAL
 from .goodput import goodput_alerts, goodput_records
 from .promql import (
     ALIVE,
@@ -181,7 +181,7 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
             {"name": "mindformers-loss.rules", "rules": loss},
             {"name": "mindformers-cascade.rules", "rules": cascade_records(cfg)},
             # every minute exactly: its increases read the evaluation a minute before
-            {"name": "mindformers-goodput.rules", "interval": GOODPUT_INTERVAL,
+            {"name": "mindformers-goodput.rules", "interval": goodput.INTERVAL,
              "rules": goodput_records(cfg)},
             {"name": "mfotel-exporter.rules", "rules": exporter}]
 

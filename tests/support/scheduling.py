@@ -32,6 +32,7 @@ from xdist.scheduler import LoadScopeScheduling
 WHOLE_JOB = frozenset({
     "tests/e2e/test_cascades_msrun.py",
     "tests/e2e/test_cluster_sim_e2e.py",
+    "tests/e2e/test_goodput_restart_msrun.py",
     "tests/e2e/test_job_truth_msrun.py",
     "tests/e2e/test_node_agent_msrun.py",
     "tests/e2e/test_sharded_topology_e2e.py",
