@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .alerting.rule_tests import RuleTestError, render_rule_tests
 from .alerting.rules import RulesConfig, parse_set, render_rules
-from .alerting.sharded import SCRAPER_FILE, render_sharded_rules
+from .alerting.sharded import RULER_INTERVAL, SCRAPER_FILE, render_sharded_rules
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -63,10 +63,12 @@ def rule_files(config: RulesConfig | None = None) -> Files:
     return {name: text.encode() for name, text in render_rules(config).items()}
 
 
-def sharded_rule_files(config: RulesConfig | None = None) -> Files:
+def sharded_rule_files(config: RulesConfig | None = None,
+                       ruler_interval: str = RULER_INTERVAL) -> Files:
     """The rules of a sharded topology: the scraper part and the global part
-    (mfotel.alerting.sharded)."""
-    return {name: text.encode() for name, text in render_sharded_rules(config).items()}
+    (mfotel.alerting.sharded), the latter for a ruler evaluating every `ruler_interval`."""
+    return {name: text.encode()
+            for name, text in render_sharded_rules(config, ruler_interval).items()}
 
 
 def sharded_all_files(config: RulesConfig | None = None) -> Files:

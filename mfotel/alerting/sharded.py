@@ -21,9 +21,11 @@ and the missing-rank count (`UNSEEN`), so they never page as hundreds of ranks d
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from .cascade import (
+    CULPRIT,
     DEPARTURES_FRESH,
     SCRAPED,
     outside_record,
@@ -38,17 +40,32 @@ from .rules import (
     RulesConfig,
     _dump,
     alerting_rules,
+    duration_seconds,
     loss_mean_record,
     recording_rules,
 )
 
 SCRAPER_FILE = "mindformers-scraper.yml"
+#: The global ruler's evaluation interval the rules are written for (the shipped 15s), and
+#: how long it takes its records to reach the store (vmalert -remoteWrite.flushInterval).
+RULER_INTERVAL = "15s"
+RULER_FLUSH_SECONDS = 1.0
 GLOBAL_FILE = "mindformers-global.yml"
 #: The external label each shard's samples carry into the store (its `global.external_labels`).
 SHARD_LABEL = "shard"
 #: The target label of the global layer's own components, scraped by every shard.
 COMPONENT_LABEL = "mfotel_component"
 COMPONENTS = ("global-ruler", "store")
+_UNEVALUATED = ("the rules that compare a job's ranks (stragglers, the NaN origin, the culprit of "
+                "a hang or a dead rank, ranks missing, throughput, goodput) are not evaluated")
+#: The shards' alerts on the global layer: (alert, component, summary, what it means).
+GLOBAL_LAYER_ALERTS = (
+    ("MindFormersGlobalRulerDown", "global-ruler",
+     "The global ruler of a sharded topology does not answer.", _UNEVALUATED),
+    ("MindFormersStoreDown", "store",
+     "The store of a sharded topology does not answer.",
+     "the shards' samples queue in their remote_write and " + _UNEVALUATED),
+)
 
 #: Recorded on every shard: 1 while it evaluates (gone with it), and the ranks it holds per job.
 HEARTBEAT = "shard:mfotel_scraper_up:bool"
@@ -94,21 +111,18 @@ def _split(groups: list[dict[str, Any]], cfg: RulesConfig, scraper: bool
 def scraper_meta(cfg: RulesConfig) -> list[dict[str, Any]]:
     """What every shard records about itself, and its alerts on the global layer's health."""
     status = cfg.m("mindformers_train_status")
-    component = f'{COMPONENT_LABEL}=~"{"|".join(COMPONENTS)}"'
     return [
         {"name": "mfotel-scraper.rules", "rules": [
             {"record": HEARTBEAT, "expr": "vector(1)"},
             {"record": SHARD_RANKS,
              "expr": f"count by (job_name) (max by (job_name, rank) ({status}))"}]},
         {"name": "mfotel-scraper.alerts", "rules": [
-            alert(cfg, "MindFormersGlobalRulerDown", f"up{{{component}}} == 0",
-                  cfg.rank_down_for, "critical",
-                  "The global layer of a sharded topology does not answer.",
+            alert(cfg, name, f'up{{{COMPONENT_LABEL}="{component}"}} == 0',
+                  cfg.rank_down_for, "critical", summary,
                   "{{ $labels.mfotel_component }} ({{ $labels.instance }}) has not answered "
-                  "shard {{ $labels.shard }}'s scrapes for " + cfg.rank_down_for + ": the "
-                  "rules that compare a job's ranks (stragglers, the NaN origin, the culprit "
-                  "of a hang or a dead rank, ranks missing, throughput) are not evaluated "
-                  "meanwhile. Per-rank alerts still page from the shards.")]},
+                  "the shards' scrapes for " + cfg.rank_down_for + f": {what}. Per-rank "
+                  "alerts still page from the shards.")
+            for name, component, summary, what in GLOBAL_LAYER_ALERTS]},
     ]
 
 
@@ -154,9 +168,10 @@ def _replace_once(text: str, old: str, new: str, where: str) -> str:
     return text.replace(old, new)
 
 
-def _shard_aware(rule: dict[str, Any], cfg: RulesConfig) -> dict[str, Any]:
+def _shard_aware(rule: dict[str, Any], cfg: RulesConfig, stall_gate: float) -> dict[str, Any]:
     """The global part's rule: ranks of a stopped shard neither depart nor stall nor go
-    missing; no `keep_firing_for` (vmalert 1.79 refuses it)."""
+    missing; the stall counts `stall_gate` seconds more; no `keep_firing_for` (vmalert 1.79
+    refuses it)."""
     rule = {k: v for k, v in rule.items() if k != "keep_firing_for"}
     name = _name(rule)
     if name == DEPARTURES_FRESH:
@@ -168,9 +183,13 @@ def _shard_aware(rule: dict[str, Any], cfg: RulesConfig) -> dict[str, Any]:
         # store's staleness of the two may differ by a scrape) are not culprits
         rule["expr"] = f"{rule['expr']}\nunless on (job_name, rank) {UNSEEN}"
     elif name == "MindFormersTrainingStalled":
-        last = stalled_ranks(cfg).splitlines()[-1]
-        rule["expr"] = _replace_once(rule["expr"], last,
-                                     f"{last} unless on (job_name, rank) {UNSEEN}", name)
+        # the culprit comes through a chain of records, each read an evaluation later: the
+        # stall waits that long, so that the culprit's ranks are there when it counts (else
+        # the job's page first, or its ranks in two notifications)
+        later = replace(cfg, stall_for=f"{duration_seconds(cfg.stall_for) + stall_gate:g}s")
+        gated = f"{stalled_ranks(later)}\nunless on (job_name, rank) {UNSEEN}"
+        rule["expr"] = _replace_once(rule["expr"], indent(stalled_ranks(cfg), "    "),
+                                     indent(gated, "    "), name)
     elif name == "MindFormersRanksMissing":
         rule["expr"] = f"{rule['expr']}\nunless on (job_name) {UNSEEN}"
     return rule
@@ -181,17 +200,25 @@ def scraper_groups(cfg: RulesConfig) -> list[dict[str, Any]]:
             *scraper_meta(cfg)]
 
 
-def global_groups(cfg: RulesConfig) -> list[dict[str, Any]]:
+def global_groups(cfg: RulesConfig, ruler_interval: str | None = RULER_INTERVAL
+                  ) -> list[dict[str, Any]]:
+    """The global part, for a ruler evaluating every `ruler_interval` (None: as if it read
+    its own records at once)."""
+    gate = 0.0
+    if ruler_interval is not None:
+        depth = global_depths(cfg)[CULPRIT]
+        gate = depth * (duration_seconds(ruler_interval) + RULER_FLUSH_SECONDS)
     groups = [*global_meta(cfg), *_split(recording_rules(cfg), cfg, False),
               *_split(alerting_rules(cfg), cfg, False)]
-    return [{**g, "rules": [_shard_aware(r, cfg) for r in g["rules"]]} for g in groups]
+    return [{**g, "rules": [_shard_aware(r, cfg, gate) for r in g["rules"]]} for g in groups]
 
 
-def render_sharded_rules(cfg: RulesConfig | None = None) -> dict[str, str]:
+def render_sharded_rules(cfg: RulesConfig | None = None,
+                         ruler_interval: str = RULER_INTERVAL) -> dict[str, str]:
     """File name -> YAML text of the scraper and global rule files."""
     cfg = cfg or RulesConfig()
     return {SCRAPER_FILE: _dump(scraper_groups(cfg), cfg),
-            GLOBAL_FILE: _dump(global_groups(cfg), cfg)}
+            GLOBAL_FILE: _dump(global_groups(cfg, ruler_interval), cfg)}
 
 
 _RECORDED = re.compile(r"\b[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]*[a-zA-Z0-9_]\b")
@@ -217,7 +244,7 @@ def global_depths(cfg: RulesConfig) -> dict[str, int]:
     """For each rule of the global part, how many of the part's own records it reads one
     after another (a record read the evaluation it is written in, in Prometheus; a ruler that
     writes its records to a remote store reads each one evaluation later)."""
-    groups = global_groups(cfg)
+    groups = global_groups(cfg, None)
     own = recorded_names(groups)
     depth: dict[str, int] = {}
     for _ in range(20):   # to a fixed point: a record may read one defined below it

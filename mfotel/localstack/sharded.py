@@ -32,13 +32,14 @@ from ..alerting.rules import RulesConfig, duration_seconds
 from ..alerting.sharded import (
     COMPONENT_LABEL,
     GLOBAL_FILE,
+    RULER_FLUSH_SECONDS,
     SCRAPER_FILE,
     SHARD_LABEL,
     global_depths,
 )
 from ..assets import alertmanager_files, sharded_rule_files, write_files
 from .alerting import operator_alertmanager_config, shipped_files
-from .servers import Alertmanager, Prometheus, free_port
+from .servers import Alertmanager, Prometheus, _Server, free_port
 from .victoria import VictoriaMetrics, VMAlert
 
 FILE_SD_JOB = "mindformers-file-sd"
@@ -47,7 +48,7 @@ FILE_SD_JOB = "mindformers-file-sd"
 PEER_TIMEOUT = "5s"
 #: A shard's remote_write batch deadline and the ruler's flush of its records, in seconds.
 REMOTE_WRITE_SECONDS = 1.0
-FLUSH_SECONDS = 1.0
+FLUSH_SECONDS = RULER_FLUSH_SECONDS
 
 
 def shard_config(shipped: str, shard: int, shards: int, file_sd: str | Path,
@@ -67,6 +68,9 @@ def shard_config(shipped: str, shard: int, shards: int, file_sd: str | Path,
                             external_labels={**(external or {}), SHARD_LABEL: str(shard)})
     config["rule_files"] = [SCRAPER_FILE]
     config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": alertmanagers}]}]
+    # every shard pages the global layer's outage: one alert, not one per shard
+    config["alerting"]["alert_relabel_configs"] = [{"action": "labeldrop",
+                                                    "regex": SHARD_LABEL}]
     job = next(j for j in config["scrape_configs"] if j["job_name"] == FILE_SD_JOB)
     job["file_sd_configs"] = [{"files": [str(file_sd)], "refresh_interval": "30s"}]
     job["relabel_configs"] = [
@@ -134,7 +138,8 @@ class ShardedStack:
         try:
             self.receiver.start()
             self._start_alertmanagers()
-            rules = write_files(sharded_rule_files(self.rules), self.workdir / "rules")
+            rules = write_files(sharded_rule_files(self.rules, f"{self.interval:g}s"),
+                                self.workdir / "rules")
             by_name = {p.name: p for p in rules}
             # a shard's series stay for 2.5 intervals after its last sample (no staleness
             # marker comes from a killed Prometheus)
@@ -175,6 +180,14 @@ class ShardedStack:
     def kill_alertmanager(self, index: int) -> None:
         _kill(self.alertmanagers[index])
 
+    def kill_ruler(self) -> None:
+        assert self.ruler is not None
+        _kill(self.ruler)
+
+    def kill_store(self) -> None:
+        assert self.store is not None
+        _kill(self.store)
+
     def scraped_targets(self, shard: int) -> list[dict[str, Any]]:
         """The rank targets shard `shard` scrapes (its file_sd job's active targets)."""
         return [t for t in self.scrapers[shard].targets()
@@ -195,7 +208,7 @@ class ShardedStack:
         self.stop()
 
 
-def _kill(server: Prometheus | Alertmanager) -> None:
+def _kill(server: _Server) -> None:
     if server.process is not None and server.process.poll() is None:
         server.process.kill()
         server.process.wait(timeout=10)

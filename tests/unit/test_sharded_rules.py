@@ -71,6 +71,22 @@ def test_the_global_part_leaves_the_ranks_of_a_stopped_shard_out():
     assert not any("keep_firing_for" in r for r in rules.values())   # vmalert 1.79
 
 
+def test_the_global_stall_waits_for_the_culprit_chain():
+    """vmalert reads each of its records an evaluation (and a flush) after writing it: the
+    stall counts that much longer than in one Prometheus, so that the culprit is known."""
+    cfg = RulesConfig(**SIM_RULES)
+    culprit = "job_name_rank_how:mindformers_train_culprit_timestamp_seconds:first"
+    depth = sharded.global_depths(cfg)[culprit]
+    assert depth == 6
+    for interval, gate in (("5s", 36), ("15s", 96)):
+        [rule] = [r for g in sharded.global_groups(cfg, interval) for r in g["rules"]
+                  if r.get("alert") == "MindFormersTrainingStalled"]
+        assert rule["expr"].count(f") > {30 + 10 + gate}\n") == 3, interval
+    [plain] = [r for g in alerting_rules(cfg) for r in g["rules"]
+               if r.get("alert") == "MindFormersTrainingStalled"]
+    assert plain["expr"].count(") > 40\n") == 3
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "simulation"])
 def test_promtool_and_vmalert_accept_both_parts(tmp_path, cfg):
     promtool, vmalert = find_binary(("promtool",)), find_binary(("vmalert",))
