@@ -67,6 +67,9 @@ DEFAULT_MAX_CONNECTIONS = 16
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 8
 #: Before authentication: the TLS handshake and the request head within this of the accept.
 DEFAULT_HEADER_SECONDS = 3.0
+#: The kernel holds a connection until its request comes (Limits.defer_accept): idle sockets
+#: on Alertmanager's address never take the place of a webhook on its way.
+DEFER_ACCEPT_SECONDS = 2
 DEFAULT_REQUEST_SECONDS = 10.0
 #: An over-large or unauthorised body is read and dropped up to this size, so that the client
 #: reads our answer instead of a reset connection; beyond it the connection is closed.
@@ -97,6 +100,7 @@ def receiver_limits(max_connections: int = DEFAULT_MAX_CONNECTIONS,
                   request_timeout=request_seconds, header_timeout=header_seconds,
                   max_head_bytes=2 * MAX_SECRET_BYTES,  # a bearer token fits
                   drain_bytes=DRAIN_LIMIT_BYTES, backlog=64, read_body_bytes=read_body_bytes,
+                  defer_accept=DEFER_ACCEPT_SECONDS,  # Alertmanager's request comes with it
                   # failures rank whose connection is closed first, but never lock an
                   # address out: Alertmanager may share it with a misbehaving client
                   close_failing_clients=False)

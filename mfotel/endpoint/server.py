@@ -37,8 +37,8 @@ app did not read is read and dropped). The limits (`Limits`):
   oldest. A flood from many addresses thus closes its own connections, not a scraper's; a
   client sharing an address with idle sockets (Alertmanager on the attacker's host) keeps its
   connection: it sent its request at once, and the idle ones go first;
-- on Linux the kernel hands a connection over only once its first bytes came
-  (TCP_DEFER_ACCEPT, `defer_accept` seconds; then it does anyway): a client's request is in
+- with `defer_accept` (the alerts receiver's) the kernel hands a connection over only once
+  its first bytes came (Linux TCP_DEFER_ACCEPT; then it does anyway): a client's request is in
   the buffer when it is accepted, and a socket that comes without any was idle that long
   already (the victim rule counts it as an idle one older than IDLE_GRACE_SECONDS);
 - the TLS handshake and request head must arrive within `header_timeout` of the accept (before
@@ -131,8 +131,10 @@ class Limits:
     min_body_rate: float = float(1 << 20)
     backlog: int = 128  # socketserver's 5 drops bursts of scrapers
     #: Linux TCP_DEFER_ACCEPT: the kernel hands over a connection once its first bytes came
-    #: (after this long without any, it does anyway); 0: at once, as elsewhere
-    defer_accept: int = 2
+    #: (after this many seconds without any, it does anyway); 0: at once. The receiver's:
+    #: its app needs no time since the connect (a rank's /metrics times a scrape from its
+    #: accept, `linger_until_scraped`, and keeps 0)
+    defer_accept: int = 0
     client_errors_per_second: float = 1.0
     client_error_burst: int = 20
     close_failing_clients: bool = True

@@ -31,13 +31,10 @@ def echo(environ, start_response):
 
 @pytest.fixture
 def server():
-    """A factory of started servers, closed after the test. The kernel's deferral of idle
-    connections is off (defer_accept 0, as where TCP_DEFER_ACCEPT does not exist or past a
-    full backlog): idle sockets meet the server's own rules at once."""
+    """A factory of started servers, closed after the test."""
     started: list[Server] = []
 
     def start(app=echo, **limits) -> Server:
-        limits = {"defer_accept": 0, **limits}
         started.append(Server(app, "127.0.0.1", 0, limits=Limits(**limits)).start())
         return started[-1]
     yield start
@@ -413,7 +410,7 @@ def test_a_body_read_before_the_app_holds_no_worker_and_is_cut_at_its_deadline(s
 
 
 def test_the_kernel_holds_idle_connections_and_hands_over_requests_at_once(server):
-    """With the deferral (the default on Linux), an idle socket takes no place until it ran out;
+    """With the deferral (the receiver's), an idle socket takes no place until it ran out;
     a client's request is accepted as it comes, its bytes already in the buffer; an idle one
     handed over later counts as idle beyond IDLE_GRACE_SECONDS (the first to make room)."""
     srv = server(max_connections=10, max_connections_per_client=2, request_timeout=60,
