@@ -14,6 +14,8 @@ from typing import Literal
 from ..contract import STATUS_FAILED, finite_samples
 
 PanelKind = Literal["timeseries", "stat", "bargauge", "table", "state-timeline"]
+#: How a time series panel draws its series: lines, or bars (one per query step).
+DrawStyle = Literal["line", "bars"]
 #: How a time series target is drawn: a value line, red bars marking NaN/Inf steps, or the
 #: global step, shown in the tooltip only (the x axis is time; the tooltip says which step).
 TargetRole = Literal["value", "nonfinite", "step"]
@@ -200,6 +202,12 @@ class Panel:
     thresholds: tuple[Step, ...] = ()
     log_scale: bool = False
     needs: str = ""
+    draw: DrawStyle = "line"
+    stacked: bool = False
+    #: (series display name, colour): a fixed colour per series (categories of an account).
+    colors: tuple[tuple[str, str], ...] = ()
+    #: The query step's floor (Grafana's "min interval"): a record's own interval, e.g. "1m".
+    min_interval: str = ""
 
     def __post_init__(self) -> None:
         def fail(why: str) -> None:
@@ -213,6 +221,8 @@ class Panel:
         for target in self.targets:
             if (target.unit or target.value_texts) and not target.column:
                 fail("a column unit or value text needs a column name")
+        if (self.draw != "line" or self.stacked) and self.kind != "timeseries":
+            fail("bars and stacking are for time series panels")
         if self.kind == "stat" and not self.thresholds:
             fail("a stat panel needs thresholds (NEUTRAL for a number without good or bad)")
         steps = [value for value, _ in self.thresholds[1:]]
@@ -238,6 +248,9 @@ class Annotation:
     title: str
     text: str = ""
     tag_keys: str = "job_name,rank"
+    #: The mark's time is the series' value in milliseconds (an event's own time, e.g. a
+    #: process start), not the time the value was seen at; a repeated value is one mark.
+    value_is_time: bool = False
 
 
 #: Firing MindFormers* alerts of the selected jobs, as marks on every dashboard.

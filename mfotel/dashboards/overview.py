@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from . import goodput
 from .common import (
                      ALERTS_ANNOTATION,
                      FINITE_GRAD_NORM,
@@ -193,9 +194,9 @@ per_rank_row = Row("Per rank", (
 DASHBOARD = DashboardSpec(
     uid="mfotel-training-overview",
     title="MindFormers / Training overview",
-    description="Loss, learning rate, grad norm, throughput, step time and progress of "
-                "MindSpore / MindFormers training jobs exported by mfotel.",
-    rows=(progress, optimisation, speed, health, long_run, per_rank_row),
+    description="Loss, learning rate, grad norm, throughput, step time, progress and goodput "
+                "of MindSpore / MindFormers training jobs exported by mfotel.",
+    rows=(progress, optimisation, speed, health, long_run, goodput.ROW, per_rank_row),
     annotations=(
         # a region from the first NaN/Inf loss on, titled with its step
         Annotation("First non-finite loss",
@@ -206,6 +207,7 @@ DASHBOARD = DashboardSpec(
                    f"count by (job_name) "
                    f"(increase({sel('mindformers_train_overflow_total')}[1m]) > 0)", "orange",
                    "Loss-scale overflow", "{{job_name}}", tag_keys="job_name"),
+        *goodput.ANNOTATIONS,
         ALERTS_ANNOTATION,
     ),
     tags=("mindformers", "training"),

@@ -129,6 +129,17 @@ def _builder(panel: Panel) -> Any:
                             .sort(common_m.SortOrder.DESCENDING))
                    .fill_opacity(10).show_points(common_m.VisibilityMode.NEVER)
                    .span_nulls(False))
+        if panel.draw == "bars":
+            builder = (builder.draw_style(common_m.GraphDrawStyle.BARS).fill_opacity(80)
+                       .line_width(1).bar_alignment(common_m.BarAlignment.BEFORE))
+        if panel.stacked:
+            builder = builder.stacking(common_b.StackingConfig().mode(
+                common_m.StackingMode.NORMAL))
+            if panel.draw == "line":
+                builder = builder.fill_opacity(60)
+        for name, color in panel.colors:
+            builder = builder.override_by_name(
+                name, _properties({"color": {"mode": "fixed", "fixedColor": color}}))
         if panel.log_scale:
             builder = builder.scale_distribution(
                 common_b.ScaleDistributionConfig().type(common_m.ScaleDistribution.LOG).log(10))
@@ -193,6 +204,8 @@ def _panel(panel: Panel, panel_id: int) -> Any:
             builder = getattr(builder, attr)(value)
     if panel.value_texts:
         builder = builder.mappings(_mappings(panel.value_texts))
+    if panel.min_interval:
+        builder = builder.interval(panel.min_interval)
     if panel.thresholds:
         builder = builder.thresholds(ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
             [Threshold(value=value, color=color) for value, color in panel.thresholds]))
@@ -207,7 +220,8 @@ def _annotation(annotation: Annotation) -> tuple[Any, dict[str, Any]]:
                .enable(True).hide(False).icon_color(annotation.color).expr(annotation.expr))
     # Prometheus-specific annotation fields the SDK's generic model does not carry.
     extra = {"titleFormat": annotation.title, "textFormat": annotation.text,
-             "tagKeys": annotation.tag_keys, "step": "15s", "useValueForTime": False}
+             "tagKeys": annotation.tag_keys, "step": "15s",
+             "useValueForTime": annotation.value_is_time}
     return builder, extra
 
 

@@ -2,7 +2,8 @@
 
 Two demo ranks of one job and run (`python -c run_demo(...)` with RANK_ID 0 and 1, rank 1
 hitting a NaN loss near the end) serve /metrics; the Debian Prometheus scrapes them every second
-and evaluates the rules of prometheus/rules/ every second. Once both ranks finished training
+and evaluates the rules of prometheus/rules/ every second (the goodput records every 5 s, 1m as
+shipped: the run lasts ~30 s). Once both ranks finished training
 (they linger, still served), every panel target, annotation and variable query of every
 checked-in dashboard runs through the HTTP API with the variables substituted as Grafana would
 ($job_name = the job, $run_id and $rank = All): range queries over the run for time series,
@@ -27,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from mfotel.alerting import goodput
+from mfotel.alerting.rules import write_rules
 from mfotel.dashboards.common import rank_count_gate
 from mfotel.dashboards.queries import (
     ALL,
@@ -49,6 +53,11 @@ STEPS = 160
 NAN_AT_STEP = 140          # on rank 1 only: non-finite panels, annotations and alerts get data
 STEP_SECONDS = 0.1         # ~16 s of training: enough samples for the 1m rate windows
 
+#: The goodput records' interval here (1m as shipped): each increase reads the evaluation one
+#: interval before, so the rules are the same.
+GOODPUT_INTERVAL = "5s"
+GOODPUT_GROUP = "mindformers-goodput.rules"
+
 _LOSS_SCALE = "the demo's CPU train cell reports no loss scale or overflow"
 _NATIVE = "no data expected without mindformers native monitoring (TrainingStateMonitor)"
 _DEVICE_EXPORTER = ("no NPU-Exporter or dcgm-exporter runs here (CPU demo); the join itself is "
@@ -67,6 +76,8 @@ EXPECTED_EMPTY: dict[tuple[str, str], str] = {
     ("mfotel-parameter-health", "Device accumulated local loss"): _NATIVE,
     ("mfotel-parameter-health", "Throughput linearity"): _NATIVE,
     ("mfotel-cluster-health", "Device of the slowest rank: utilisation"): _DEVICE_EXPORTER,
+    ("mfotel-training-overview", "annotation: Restart without progress"):
+        "the demo run has one attempt (tests/unit/test_dashboards.py has a restart, promtool)",
 }
 
 _DEMO = ("import json, sys; from mfotel.demo.training import run_demo; "
@@ -107,6 +118,21 @@ def _logs(workdir: Path) -> str:
     return "\n".join(p.read_text()[-2000:] for p in sorted(workdir.glob("rank*.log")))
 
 
+def rule_files(workdir: Path) -> list[Path]:
+    """The shipped rule files with the goodput group evaluated every GOODPUT_INTERVAL: every
+    other group as shipped (checked)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(goodput, "INTERVAL", GOODPUT_INTERVAL)
+        written = write_rules(workdir / "rules")
+    for path in written:
+        ours, shipped = (yaml.safe_load(text)["groups"] for text in (
+            path.read_text(), (ROOT / "prometheus" / "rules" / path.name).read_text()))
+        assert [g["name"] for g in ours] == [g["name"] for g in shipped], path.name
+        changed = {g["name"] for g, s in zip(ours, shipped, strict=True) if g != s}
+        assert changed <= {GOODPUT_GROUP}, f"{path.name}: {changed} differ from the shipped"
+    return sorted(written)
+
+
 @contextmanager
 def feed(workdir: Path, extra_config: dict[str, Any] | None = None
          ) -> Iterator[tuple[Prometheus, float, float]]:
@@ -115,16 +141,16 @@ def feed(workdir: Path, extra_config: dict[str, Any] | None = None
     import mindspore  # noqa: F401 - a test dependency: fail, never skip
     assert find_binary(("prometheus",)), "no prometheus binary: apt-get install prometheus"
     ports = [free_port(), free_port()]
-    rule_files = sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
+    rules = rule_files(workdir)
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [path.name for path in rule_files],
+        "rule_files": [path.name for path in rules],
         "scrape_configs": [{"job_name": "mindformers", "static_configs": [
             {"targets": [f"127.0.0.1:{port}" for port in ports]}]}],
         **(extra_config or {}),
     }
     ranks: list[subprocess.Popen] = []
-    with Prometheus(json.dumps(config), rule_files=rule_files,
+    with Prometheus(json.dumps(config), rule_files=rules,
                     workdir=workdir / "prometheus") as prom:
         start = time.time()
         try:
@@ -139,13 +165,14 @@ def feed(workdir: Path, extra_config: dict[str, Any] | None = None
             finished = time.time()
 
             def rules_caught_up() -> bool:
-                # a rule evaluation and a scrape after the end, so the last values are in
-                seen = prom.query(
-                    f'timestamp(job_name:mindformers_train_samples:rate1m{{job_name="{JOB}"}})')
-                return bool(seen) and float(seen[0]["value"][1]) > finished + 1
-            if rule_files:
-                wait_for(rules_caught_up, settle(1, 1), 0.5, "the recording rules after the run",
-                         alive=ranks, details=lambda: _logs(workdir))
+                # a rule evaluation and a scrape after the end, so the last values are in (the
+                # goodput group's too: up to GOODPUT_INTERVAL later)
+                seen = [prom.query(f'timestamp({record}{{job_name="{JOB}"}})') for record in
+                        ("job_name:mindformers_train_samples:rate1m", goodput.WALL)]
+                return all(found and float(found[0]["value"][1]) > finished + 1
+                           for found in seen)
+            wait_for(rules_caught_up, settle(6, 1), 0.5, "the recording rules after the run",
+                     alive=ranks, details=lambda: _logs(workdir))
             yield prom, start, time.time()
         finally:
             # the ranks linger 120 s for the queries; SIGTERM would not cut a linger short (the
@@ -336,3 +363,65 @@ def test_every_query_parses_in_prometheus(empty_prometheus, variables):
         if body.get("status") != "success":
             errors.append(f"{query.where}: {expr}\n    {body.get('error')}")
     assert not errors, "queries Prometheus rejects:\n" + "\n".join(errors)
+
+
+def _by_category(prom: Prometheus, title: str, at: float) -> dict[str, float]:
+    """An overview panel's values at `at` by category (one target per category)."""
+    values = {}
+    for query in _panel("mfotel-training-overview", title).values():
+        (row,) = prom.query(substitute(query.expr, ALL_VARIABLES), at)
+        values[row["metric"]["category"]] = float(row["value"][1])
+    return values
+
+
+def test_goodput_panels_account_for_the_run(fed_prometheus):
+    """The run's time account as the goodput row shows it at the end: every category's share
+    of the wall clock, adding up to 1, start-up, steps, saves and the evaluation in it and
+    nothing lost to restarts (one attempt); the wall clock from the ranks' own process starts
+    and accounts; one attempt, marked at the earliest process start."""
+    prom, start, end = fed_prometheus
+    shares = _by_category(prom, "Where the run's time went", end)
+    assert set(shares) == {*goodput.CATEGORIES, goodput.UNACCOUNTED}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-9)
+    assert all(shares[name] > 0 for name in ("goodput", "startup", "input", "checkpoint",
+                                             "evaluation")), shares
+    assert shares["recomputed"] == shares["downtime"] == shares["stall"] == 0, shares
+    # the demo's ranks closed their accounts at the end: nothing left unaccounted
+    assert abs(shares[goodput.UNACCOUNTED]) < 0.01, shares
+
+    def stat(title: str) -> float:
+        (query,) = _panel("mfotel-training-overview", title).values()
+        (row,) = prom.query(_expr(query, start, end), end)
+        assert row["metric"]["run_id"] == RUN_ID
+        return float(row["value"][1])
+    assert stat("Goodput over the run") == pytest.approx(shares["goodput"], abs=1e-9)
+    assert 0 < stat("Goodput, last hour") < 1
+    assert stat("Attempts in range") == 1
+    assert stat("Recomputed steps") == 0 and stat("Downtime between attempts") == 0
+    ranks = f'{{job_name="{JOB}"}}'
+    starts = [float(r["value"][1]) for r in prom.query(
+        f"mindformers_train_process_start_timestamp_seconds{ranks}", end)]
+    ends = [float(r["value"][1]) for r in prom.query(
+        f"mindformers_train_process_start_timestamp_seconds{ranks} + on (job_name, rank) "
+        f"sum by (job_name, rank) (mindformers_train_time_seconds_total{ranks})", end)]
+    assert len(starts) == len(ends) == 2
+    # from the first start to the ranks' mean last event
+    assert stat("Run wall clock") == pytest.approx(sum(ends) / 2 - min(starts), abs=1e-6)
+
+    (attempts,) = [q for q in _queries() if q.title == "annotation: Attempts"]
+    data = _api(prom.url, "/api/v1/query_range", {"query": _expr(attempts, start, end),
+                                                  "start": start, "end": end, "step": "15s"})
+    (series,) = data["result"]
+    assert {float(v) for _, v in series["values"]} == {min(starts) * 1000}
+
+    # the bars: seconds of each category per evaluation; the saves and the evaluation in the
+    # evaluations they ended in
+    bars = _panel("mfotel-training-overview", "Time per minute by category")
+    seen = {}
+    for query in bars.values():
+        data = _api(prom.url, "/api/v1/query_range", {"query": _expr(query, start, end),
+                                                      "start": start, "end": end, "step": "1s"})
+        (row,) = data["result"]
+        seen[row["metric"]["category"]] = max(float(v) for _, v in row["values"])
+    assert set(seen) == set(goodput.CATEGORIES)
+    assert all(seen[name] > 0 for name in ("goodput", "startup", "checkpoint", "evaluation"))

@@ -42,6 +42,16 @@ RECORDING_RULES = frozenset({
     "job_name:mindformers_train_progress_ratio:min",
     "job_name:mindformers_train_rank_info:slowest1m",
     "job_name_rank:mindformers_train_step_duration_seconds:quantile1m",
+    # goodput across restarts (mfotel/alerting/goodput.py)
+    "job_name_run_id_category:mindformers_train_time_seconds:increase1m",
+    "job_name_run_id_category:mindformers_train_time_seconds:total",
+    "job_name_run_id:mindformers_train_wall_seconds:total",
+    "job_name_run_id_category:mindformers_train_time:ratio_total",
+    "job_name_run_id_category:mindformers_train_time:ratio1h",
+    "job_name_run_id:mindformers_train_recomputed_steps:total",
+    "job_name_run_id:mindformers_train_attempts:increase1m",
+    "job_name_run_id:mindformers_train_process_start_timestamp_seconds:min",
+    "job_name_run_id:mindformers_train_restarts_without_progress:increase1m",
 })
 #: mindformers-native metrics bridged by mfotel when native monitoring is on.
 NATIVE_METRICS = frozenset({
@@ -531,6 +541,108 @@ def test_variable_substitution_follows_grafana():
         'x{job_name=~"llama", rank=~"3"}[1m]'
     with pytest.raises(KeyError):
         substitute("x{a=~\"$nope\"}", {})
+
+
+# ---------------------------------------------------------------- goodput
+
+def _goodput_queries(title: str, variables: dict[str, Any]) -> dict[str, str]:
+    """The queries of an overview panel or annotation by legend (or annotation name),
+    substituted."""
+    return {q.legend or q.title: substitute(q.expr, variables, range_="47m") for q in QUERIES
+            if q.dashboard == "mfotel-training-overview" and q.title == title}
+
+
+def test_the_goodput_breakdown_stacks_every_category_in_its_colour():
+    from mfotel.alerting import goodput
+    from mfotel.dashboards.goodput import COLORS
+    categories = [*goodput.CATEGORIES, goodput.UNACCOUNTED]
+    shares = panel("mfotel-training-overview", "Where the run's time went")
+    assert [t["legendFormat"] for t in shares["targets"]] == categories, "goodput at the bottom"
+    assert shares["fieldConfig"]["defaults"]["custom"]["stacking"] == {"mode": "normal"}
+    colours = {o["matcher"]["options"]: o["properties"][0]["value"]["fixedColor"]
+               for o in shares["fieldConfig"]["overrides"]}
+    assert colours == dict(COLORS) and colours["goodput"] == "green"
+    assert len(set(colours.values())) == len(colours)
+    bars = panel("mfotel-training-overview", "Time per minute by category")
+    custom = bars["fieldConfig"]["defaults"]["custom"]
+    assert (custom["drawStyle"], custom["stacking"]["mode"]) == ("bars", "normal")
+    assert bars["interval"] == goodput.INTERVAL, "a bar per evaluation of the records"
+    assert [t["legendFormat"] for t in bars["targets"]] == categories[:-1]
+    (attempts,) = [a for a in DASHBOARDS["mfotel-training-overview.json"]["annotations"]["list"]
+                   if a["name"] == "Attempts"]
+    assert attempts["useValueForTime"] is True and goodput.PROCESS_START in attempts["expr"]
+
+
+def test_goodput_panels_show_the_hand_worked_restart(tmp_path):
+    """promtool, the shipped rules and the input of the goodput promtool test (a 2-rank run:
+    attempt 1 killed at 20m, attempt 2 started at 25m resuming from an older checkpoint,
+    completed at 45m; docs/metrics.md's figures): what each goodput panel and annotation of
+    the overview shows, for the run and for another run."""
+    from mfotel.alerting import goodput as goodput_rules
+    cases_file = yaml.safe_load((ROOT / "prometheus" / "tests" / "goodput.yml").read_text())
+    (restart,) = [t for t in cases_file["tests"] if "restart that resumes" in t["name"]]
+    run = {"job_name": ["llama"], "run_id": ["r1"], "rank": ALL}
+    other = {"job_name": ["llama"], "run_id": ["r2"], "rank": ALL}
+    wall = 2700.0
+    seconds = {"goodput": 957, "recomputed": 423, "startup": 480, "input": 420,
+               "checkpoint": 30, "evaluation": 30, "stall": 60, "downtime": 300,
+               "unaccounted": 0}
+    shares = _goodput_queries("Where the run's time went", run)
+    per_minute = _goodput_queries("Time per minute by category", run)
+    stat = {title: next(iter(_goodput_queries(title, run).values())) for title in (
+        "Goodput, last hour", "Goodput over the run", "Attempts in range", "Recomputed steps",
+        "Downtime between attempts", "Run wall clock")}
+    over_time = _goodput_queries("Goodput over time", run)
+    (attempts,) = _goodput_queries("annotation: Attempts", run).values()
+    (no_progress,) = _goodput_queries("annotation: Restart without progress", run).values()
+    r1 = '{job_name="llama", run_id="r1"}'
+
+    def recorded(name: str, extra: str = "") -> str:
+        return f'{name}{{job_name="llama", run_id="r1"{extra}}}'
+    goodput = seconds["goodput"] / wall
+
+    def one(labels: str, value: float) -> list[tuple[str, float]]:
+        return [(labels, value)]
+    cases: list[tuple[str, str, list[tuple[str, float]]]] = [
+        # the run's life: every category's share, adding up to 1
+        *(("46m", shares[name], one(f'{{category="{name}"}}', value / wall))
+          for name, value in seconds.items()),
+        # inside the hang at 41m: its 120 s so far unaccounted, of 2460 s
+        ("41m", shares["unaccounted"], one('{category="unaccounted"}', 120 / 2460)),
+        ("46m", stat["Goodput over the run"], one(r1, goodput)),
+        ("46m", stat["Goodput, last hour"], one(r1, goodput)),
+        ("46m", stat["Attempts in range"], one(r1, 2)),
+        ("46m", stat["Recomputed steps"], one(recorded(goodput_rules.RECOMPUTED_TOTAL), 95)),
+        ("46m", stat["Downtime between attempts"],
+         one(recorded(goodput_rules.CATEGORY_TOTAL, ', category="downtime"'), 300)),
+        ("46m", stat["Run wall clock"], one(recorded(goodput_rules.WALL), wall)),
+        ("46m", over_time["{{job_name}} {{run_id}} since the run's start"], one(r1, goodput)),
+        # the minutes: the save, the downtime when the next attempt shows up, the redone steps
+        ("10m", per_minute["checkpoint"], one('{category="checkpoint"}', 30)),
+        ("26m", per_minute["downtime"], one('{category="downtime"}', 300)),
+        ("29m", per_minute["recomputed"], one('{category="recomputed"}', 45)),
+        ("29m", per_minute["goodput"], one('{category="goodput"}', 0)),
+        # a mark at each attempt's process start (ms): 0 s, then 1500 s once it shows up
+        ("10m", attempts, one(r1, 0)),
+        ("30m", attempts, one(r1, 1500 * 1000)),
+        # attempt 2 resumed from step 46, later than attempt 1's start: progress
+        ("28m", no_progress, []),
+    ]
+    cases += [("46m", next(iter(_goodput_queries(title, other).values())), [])
+              for title in ("Goodput over the run", "Run wall clock", "annotation: Attempts")]
+    spec = {"rule_files": [str(RULES_DIR / "mindformers-recording.yml")],
+            "evaluation_interval": "1m", "tests": [
+                {"interval": "1m", "input_series": restart["input_series"],
+                 "promql_expr_test": [
+                     {"expr": expr, "eval_time": at,
+                      "exp_samples": [{"labels": labels, "value": value}
+                                      for labels, value in samples]}
+                     for at, expr, samples in cases]}]}
+    path = tmp_path / "goodput-panels.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # ---------------------------------------------------------------- docker compose
