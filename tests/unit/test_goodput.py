@@ -6,6 +6,7 @@ rules must both give the hand-worked account (the run of promtool_tests/goodput.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,3 +275,22 @@ def test_the_rules_and_the_logs_give_the_same_account(tmp_path, capsys):
     done = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_the_docs_name_every_goodput_record_and_no_other():
+    """docs/metrics.md's records table lists every record of the goodput group, and no doc
+    (nor the runbook) names a goodput record the rules do not make (a renamed one)."""
+    from mfotel.alerting.thresholds import RulesConfig
+    made = {r["record"] for r in rules.goodput_records(RulesConfig())}
+    metrics = (ROOT / "docs" / "metrics.md").read_text()
+    table = metrics.split("| record | meaning |", 1)[1].split("\n\n", 1)[0]
+    listed = set(re.findall(r"^\| `([a-z0-9_:]+)(?:\{[a-z]+\})?` \|", table, re.M))
+    assert listed == made
+    pattern = re.compile(r"\b(?:job_name_run_id\w*|job_name_rank):mindformers_train_\w+:\w+")
+    texts = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md",
+             ROOT / "mfotel" / "alerting" / "prometheus" / "runbook.md"]
+    named = {(path.name, name) for path in texts for name in pattern.findall(path.read_text())}
+    goodput_like = {(where, name) for where, name in named
+                    if name.startswith("job_name_run_id") or name.endswith(":last_scrape")}
+    assert {name for _, name in goodput_like} <= made, sorted(
+        (where, name) for where, name in goodput_like if name not in made)
