@@ -302,7 +302,9 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                f"(\n  avg by (job_name) (rate({steps}[{cfg.throughput_window}]))\n  /\n"
                f"  (avg by (job_name) (rate({steps}[{cfg.throughput_baseline_window}] offset "
                f"{cfg.throughput_window})) > 0)\n) < {num(cfg.throughput_drop_ratio)}\n"
-               f"and on (job_name) ({RANKS_RUNNING} > 0)",
+               f"and on (job_name) ({RANKS_RUNNING} > 0)\n"
+               # every rank at its last step: the end work (a final save), not a slowdown
+               f"unless on (job_name) ({JOB_PROGRESS} >= 1)",
                cfg.throughput_drop_for, "warning", "Training throughput dropped.",
                f"The step rate of {JOB} over the last {cfg.throughput_window} is "
                "{{ $value | humanizePercentage }} of its rate over the "

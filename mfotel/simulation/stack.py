@@ -130,6 +130,9 @@ class SimStack(AlertingStack):
         return route_setting(self.am_config, labels, "group_wait", "30s")
 
     def start(self) -> SimStack:
+        # Prometheus watches the target files' folder only if it exists when it starts;
+        # otherwise new targets wait for file_sd's 30 s refresh
+        Path(self.file_sd).parent.mkdir(parents=True, exist_ok=True)
         try:
             alertmanager = self.start_alertmanager()
             rule_files = write_rules(self.workdir / "prometheus", self.rules)
