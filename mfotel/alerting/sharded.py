@@ -26,7 +26,9 @@ from typing import Any
 
 from .cascade import (
     CULPRIT,
+    DEPARTURES,
     DEPARTURES_FRESH,
+    FIRST,
     SCRAPED,
     outside_record,
     stalled_ranks,
@@ -178,6 +180,12 @@ def _shard_aware(rule: dict[str, Any], cfg: RulesConfig, stall_gate: float) -> d
         # a stopped shard's ranks leave no new departure; those held before it stopped stay,
         # so an incident it held keeps its culprit and its page
         rule["expr"] = _without_unseen(rule["expr"])
+    elif name == DEPARTURES:
+        # a rank whose series left the store with its shard's, before the shard's heartbeat
+        # did (their staleness may differ by a scrape), did not vanish: held, that would end
+        # the culprit it is (its page resolved, then the job's others paged again)
+        rule["expr"] = (f"{rule['expr']}\nunless on (job_name, rank, how)\n"
+                        f'label_replace({UNSEEN}, "how", "vanished", "", "")')
     elif name in NEW_CULPRIT_PAGES:
         # ranks whose series vanished with their shard before its heartbeat did (the
         # store's staleness of the two may differ by a scrape) are not culprits
@@ -190,6 +198,10 @@ def _shard_aware(rule: dict[str, Any], cfg: RulesConfig, stall_gate: float) -> d
         gated = f"{stalled_ranks(later)}\nunless on (job_name, rank) {UNSEEN}"
         rule["expr"] = _replace_once(rule["expr"], indent(stalled_ranks(cfg), "    "),
                                      indent(gated, "    "), name)
+    elif name == "MindFormersThroughputDrop":
+        # a job whose rank left the healthy state has its culprit's page coming (one
+        # Prometheus has it in time for Alertmanager to mute this warning; vmalert later)
+        rule["expr"] = f"{rule['expr']}\nunless on (job_name) {FIRST}"
     elif name == "MindFormersRanksMissing":
         rule["expr"] = f"{rule['expr']}\nunless on (job_name) {UNSEEN}"
     return rule
@@ -204,13 +216,21 @@ def global_groups(cfg: RulesConfig, ruler_interval: str | None = RULER_INTERVAL
                   ) -> list[dict[str, Any]]:
     """The global part, for a ruler evaluating every `ruler_interval` (None: as if it read
     its own records at once)."""
-    gate = 0.0
-    if ruler_interval is not None:
-        depth = global_depths(cfg)[CULPRIT]
-        gate = depth * (duration_seconds(ruler_interval) + RULER_FLUSH_SECONDS)
+    gate = 0.0 if ruler_interval is None else stall_gate_seconds(cfg, ruler_interval)
     groups = [*global_meta(cfg), *_split(recording_rules(cfg), cfg, False),
               *_split(alerting_rules(cfg), cfg, False)]
     return [{**g, "rules": [_shard_aware(r, cfg, gate) for r in g["rules"]]} for g in groups]
+
+
+def stall_gate_seconds(cfg: RulesConfig, ruler_interval: str) -> float:
+    """How much longer the global part counts a stall: the culprit comes through a chain of
+    records, each read an evaluation and a flush later (and one more evaluation to spare);
+    a rank waited for departs `departure_seconds` after it stopped, so the stall's own
+    threshold gives the chain that long already."""
+    lag = (global_depths(cfg)[CULPRIT] + 1) * (duration_seconds(ruler_interval)
+                                               + RULER_FLUSH_SECONDS)
+    head_start = cfg.stall_seconds + duration_seconds(cfg.stall_for) - cfg.departure_seconds
+    return max(0.0, lag - head_start)
 
 
 def render_sharded_rules(cfg: RulesConfig | None = None,

@@ -11,15 +11,19 @@ else (not down, not missing, not stalled). Then the simulation stops and nothing
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import yaml
 
+from mfotel.alerting.rules import RulesConfig
+from mfotel.alerting.sharded import HEARTBEAT
 from mfotel.localstack.alerting import shipped_files
+from mfotel.localstack.sharded import ShardedStack
 from mfotel.simulation.run import SIM_RULES, SimSettings, Simulation, run_simulation
 from mfotel.simulation.scenario import Timing
-from mfotel.simulation.stack import route_setting
-from tests.support.waiting import MIN_LOAD_FACTOR, load_factor
+from mfotel.simulation.stack import CountingReceiver, route_setting
+from tests.support.waiting import MIN_LOAD_FACTOR, load_factor, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +66,46 @@ def test_two_shards_by_target_page_each_fault_once_and_a_dead_shard_once(tmp_pat
     [held] = re.findall(r"the ([0-9]+) rank\(s\) it scraped", topology.description)
     assert 0 < int(held) <= topology.shard_ranks, topology.description
     assert topology.delay is not None and topology.delay < 60 * stretch
+
+
+def _pages(receiver: CountingReceiver, alertname: str) -> list[dict[str, str]]:
+    """The firing `alertname` alerts of each notification naming it, one entry a call."""
+    return [next(dict(a.labels) for a in n.alerts if a.firing and a.alertname == alertname)
+            for n in receiver.notifications_seen
+            if any(a.firing and a.alertname == alertname for a in n.alerts)]
+
+
+def test_the_topology_pages_a_dead_shard_ruler_and_store_once_each(tmp_path):
+    """The topology's own faults, without ranks: with Alertmanager 0 of the pair dead from
+    the start, a killed shard, then the killed vmalert, then the killed store, each page once
+    through the other Alertmanager, and nothing else pages."""
+    stretch = load_factor() / MIN_LOAD_FACTOR
+    rules = RulesConfig(rank_down_for="3s")
+    receiver = CountingReceiver()
+    with ShardedStack(tmp_path, tmp_path / "targets" / "*.json", 2, 1.0, rules,
+                      receiver) as stack:
+        assert stack.store is not None
+        store = stack.store
+        wait_for(lambda: len(store.query(HEARTBEAT)) == 2, 30 * stretch, 0.5,
+                 "both shards' heartbeats in the store")
+        stack.kill_alertmanager(0)
+        steps = [(stack.kill_scraper, 1, "MindFormersScraperDown", {"shard": "1"}),
+                 (stack.kill_ruler, None, "MindFormersGlobalRulerDown",
+                  {"mfotel_component": "global-ruler"}),
+                 (stack.kill_store, None, "MindFormersStoreDown", {"mfotel_component": "store"})]
+        for kill, arg, alertname, labels in steps:
+            killed = time.time()
+            kill(*([] if arg is None else [arg]))
+            [page] = wait_for(lambda name=alertname: _pages(receiver, name), 60 * stretch, 0.5,
+                              f"{alertname}'s page")
+            assert labels.items() <= page.items(), page
+            print(f"{alertname}: {receiver.notifications_seen[-1].received_at - killed:.1f} s")
+        time.sleep(12 * stretch)   # a second shard's copy would arrive within group_wait
+        firing = [(a.alertname, a.labels.get("shard", a.labels.get("mfotel_component")))
+                  for n in receiver.notifications_seen for a in n.alerts if a.firing]
+        # (a dead vmalert's alerts resolve in Alertmanager: those calls page nobody)
+        calls = [n for n in receiver.notifications_seen if any(a.firing for a in n.alerts)]
+        assert len(calls) == 3, firing
+        assert sorted(set(firing)) == [("MindFormersGlobalRulerDown", "global-ruler"),
+                                       ("MindFormersScraperDown", "1"),
+                                       ("MindFormersStoreDown", "store")], firing

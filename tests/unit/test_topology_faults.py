@@ -68,3 +68,10 @@ def test_the_faults_are_played_once_each():
     assert (faults.check.alertmanager_killed_at, faults.check.killed_at,
             faults.check.shard_ranks, faults.check.killed_shard) == (10.0, 60.0, 5, "1")
     assert faults.waiting   # until its page is read
+
+
+def test_shards_without_the_local_stack_is_refused_naming_the_fix(capsys):
+    from mfotel.simulation.run import main
+    assert main(["--ranks", "64", "--shards", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--shards 2" in err and "--with-stack" in err
