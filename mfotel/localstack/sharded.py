@@ -136,6 +136,9 @@ class ShardedStack:
 
     def start(self) -> ShardedStack:
         try:
+            # Prometheus watches the targets' folder only if it exists at its start (else it
+            # reads the files at its next refresh, 30 s later)
+            Path(self.file_sd).parent.mkdir(parents=True, exist_ok=True)
             self.receiver.start()
             self._start_alertmanagers()
             rules = write_files(sharded_rule_files(self.rules, f"{self.interval:g}s"),
