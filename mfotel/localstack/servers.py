@@ -25,10 +25,11 @@ ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port that is free on `host` right now, below the ephemeral range (as
+    `free_port_block`): one the kernel handed out (bind to port 0) could be taken meanwhile as
+    the source port of an outgoing connection, e.g. a Prometheus keep-alive scrape, and stay
+    taken for minutes (a rank's second run on its port waited 60 s for it under load)."""
+    return free_port_block(1, host)
 
 
 def _ephemeral_low(default: int = 32768) -> int:
