@@ -15,7 +15,12 @@ from mfotel.localstack.servers import free_port_block
 from tests.support import leaks
 from tests.support.endpoint import Pki, make_pki, self_signed
 from tests.support.ranks import RankExporter, rank_exporter
-from tests.support.scheduling import ONE_BY_ONE, LongestFirstScheduling
+from tests.support.scheduling import (
+    ONE_BY_ONE,
+    WHOLE_JOB,
+    LongestFirstScheduling,
+    expected_seconds,
+)
 from tests.support.users import shared_dir
 
 _LEFT_RUNNING = pytest.StashKey[str]()
@@ -69,15 +74,19 @@ def _nothing_outlives_the_module(request: pytest.FixtureRequest) -> Iterator[Non
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: with `pytest -n`, the whole-job tests (tests/support/scheduling.py), then
-    the other slow ones, then end-to-end, then unit tests, so that the long ones start at once
-    and the short ones fill the gaps (the order within each group is kept)."""
-    def group(item: pytest.Item) -> int:
-        if item.nodeid.split("::", 1)[0] in ONE_BY_ONE:
-            return 0
+    """Longest first: with `pytest -n`, the whole-job tests (tests/support/scheduling.py, by
+    their expected seconds, the longest first), then the rest of ONE_BY_ONE, the other slow
+    ones, end-to-end, unit tests, so that the long ones start at once and the short ones fill
+    the gaps (the order within each group is kept)."""
+    def group(item: pytest.Item) -> tuple[int, float]:
+        module = item.nodeid.split("::", 1)[0]
+        if module in WHOLE_JOB:
+            return 0, -expected_seconds(item.nodeid)
+        if module in ONE_BY_ONE:
+            return 1, 0.0
         if item.get_closest_marker("slow"):
-            return 1
-        return 2 if "tests/e2e/" in item.nodeid else 3
+            return 2, 0.0
+        return 3 if "tests/e2e/" in item.nodeid else 4, 0.0
     items.sort(key=group)
 
 
