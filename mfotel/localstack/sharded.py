@@ -146,7 +146,7 @@ class ShardedStack:
             by_name = {p.name: p for p in rules}
             # a shard's series stay for 2.5 intervals after its last sample (no staleness
             # marker comes from a killed Prometheus)
-            self.store = VictoriaMetrics(self.workdir / "store",
+            self.store = VictoriaMetrics(self.workdir / "store", cache=True,
                                          staleness_seconds=2.5 * self.interval).start()
             am_urls = [a.url for a in self.alertmanagers]
             self.ruler = VMAlert(by_name[GLOBAL_FILE], self.store.url, am_urls, self.interval,

@@ -20,13 +20,14 @@ class VictoriaMetrics(_Server):
     name = "victoria-metrics"
 
     def __init__(self, workdir: str | Path | None = None, port: int | None = None,
-                 staleness_seconds: float | None = None) -> None:
+                 staleness_seconds: float | None = None, cache: bool = False) -> None:
         """`staleness_seconds`: how long a series without new samples (and no staleness
         marker: its Prometheus was killed) still answers instant queries (default: VM's own,
-        from the median interval of its samples)."""
+        from the median interval of its samples). `cache`: keep VM's rollup result cache
+        (a ruler's repeated queries; off, every query is computed again)."""
         self.binary = required_binary(("victoria-metrics",), "victoria-metrics")
         super().__init__(workdir, port)
-        self.staleness = staleness_seconds
+        self.staleness, self.cache = staleness_seconds, cache
 
     @property
     def write_url(self) -> str:
@@ -35,9 +36,14 @@ class VictoriaMetrics(_Server):
 
     def command(self) -> list[str]:
         extra = [f"-search.maxStalenessInterval={self.staleness:g}s"] if self.staleness else []
+        if not self.cache:
+            extra.append("-search.disableCache")
+        # a ruler's groups query at once: queue them (VM's default, 2 x cores at once and 10 s
+        # in the queue, answered a busy 2-core machine's ruler with 503s)
         return [self.binary, f"-storageDataPath={self.workdir / 'data'}",
                 f"-httpListenAddr=127.0.0.1:{self.port}", "-search.latencyOffset=0s",
-                "-search.disableCache", "-loggerLevel=WARN", *extra]
+                "-search.maxConcurrentRequests=16", "-search.maxQueueDuration=60s",
+                "-loggerLevel=WARN", *extra]
 
     def query(self, expr: str) -> list[dict]:
         """Instant query now; the `result` list (RuntimeError on an API error)."""
