@@ -36,6 +36,7 @@ from ..contract import STATUS_COMPLETED, STATUS_RUNNING
 from ..identity import RankIdentity, RunIdentity
 from ..rank_exporter import rank_exporter
 from ..time_account import TimeAccount
+from .attempts import RESTART, resume_step
 from .node_agents import RankEnd, SimNodeAgent
 from .scenario import STATUS_CANCELLED, JobClock, RankSpec, Timing, TrainingModel
 
@@ -43,10 +44,14 @@ STEPS_PER_EPOCH = 1000
 
 
 class SimRank:
-    """One rank: the real rank exporter, serving /metrics on `host:port + local rank`."""
+    """One rank: the real rank exporter, serving /metrics on `host:port + local rank`;
+    `process_start`: a restarted rank's process start (else its first step's begin);
+    `attempt`: the attempt of a configured run (`run.id`: run_id and attempt on rank_info),
+    0 for a run without one."""
 
-    def __init__(self, spec: RankSpec, cfg: MonitorConfig, node_name: str, seed: int) -> None:
-        self.spec = spec
+    def __init__(self, spec: RankSpec, cfg: MonitorConfig, node_name: str, seed: int,
+                 process_start: float | None = None, attempt: int = 0) -> None:
+        self.spec, self.node_name, self.seed = spec, node_name, seed
         self.export_errors = 0
         identity = RankIdentity(rank=spec.rank, local_rank=spec.local_rank,
                                 world_size=spec.world_size, node=node_name,
@@ -54,7 +59,9 @@ class SimRank:
                                 local_world_size=spec.ranks_per_node, node_rank=spec.node_rank,
                                 local_rank_source="init")
         self.exporter = rank_exporter(cfg, identity, spec.job,
-                                      run=RunIdentity(run_id=f"{spec.job}-run"),
+                                      run=RunIdentity(run_id=f"{spec.job}-run",
+                                                      attempt=max(attempt, 1),
+                                                      configured=attempt > 0),
                                       on_error=self._count_error)
         self.telemetry, self.instruments = self.exporter.telemetry, self.exporter.instruments
         self.cfg = cfg
@@ -62,6 +69,8 @@ class SimRank:
         self._last_record: tuple[float, int] | None = None  # (wall, samples) at the last record
         self.ended = False   # reported its final status, or died
         self.account: TimeAccount | None = None   # made at the first step: its process start
+        if process_start is not None:
+            self._account(process_start)
 
     def _account(self, started: float) -> TimeAccount:
         """The rank's time account (mfotel.time_account), as a real rank's process keeps it:
@@ -158,7 +167,8 @@ class Worker:
                 configs[key] = parse_config({**base, "prometheus": {
                     **base.get("prometheus", {}), "host": item["host"], "port": item["port"],
                     "linger_seconds": self.timing.linger_seconds}}, source="mfotel simulate")
-            rank = SimRank(rank_spec, configs[key], item["node_name"], self.seed)
+            rank = SimRank(rank_spec, configs[key], item["node_name"], self.seed,
+                           attempt=1 if rank_spec.role == RESTART else 0)
             if not rank.served:
                 self.failed.append(f"{rank_spec.job} rank {rank_spec.rank}: cannot serve "
                                    f"{item['host']}:{item['port'] + rank_spec.local_rank}")
@@ -219,6 +229,11 @@ class Worker:
                 self.at(clock.step_end(last) + rank.spec.skew + 0.01,
                         lambda: self._finish(rank, STATUS_COMPLETED))
                 return
+        elif step > last and fault == RESTART:   # every rank killed, then its next attempt
+            restart_at = fault_at + self.timing.restart_pause_seconds
+            self.at(fault_at, lambda: self._end(rank, RankEnd(time.time(), signal.SIGKILL)))
+            self.at(restart_at, lambda: self._restart(rank, restart_at, last))
+            return
         elif step > last and fault in ("rank_down", "hang", "cancel"):
             if role == "rank_down":      # the process dies: its port closes, no final status
                 self.at(fault_at, lambda: self._end(rank, RankEnd(time.time(), signal.SIGKILL)))
@@ -235,6 +250,28 @@ class Worker:
             self._schedule(rank, clock, step + 1, fault_at)
         self.at(ends, do_step)
 
+    def _restart(self, old: SimRank, at: float, last: int) -> None:
+        """The rank's next attempt (mfotel/simulation/attempts.py): a new process started at
+        `at` on the old one's port, resuming after the job's last checkpoint."""
+        if self.stopped.is_set():
+            return
+        rank = SimRank(old.spec, old.cfg, old.node_name, old.seed, process_start=at,
+                       attempt=2)
+        self.ranks[self.ranks.index(old)] = rank
+        clock = JobClock(at + self.timing.startup_seconds, self.timing)
+        self._schedule_attempt(rank, clock, resume_step(last, self.timing), 1)
+
+    def _schedule_attempt(self, rank: SimRank, clock: JobClock, resumed: int,
+                          local: int) -> None:
+        """Queue a restarted rank's `local`-th step (global step `resumed + local`)."""
+        ends = clock.step_end(local) + rank.spec.skew
+
+        def do_step() -> None:
+            self._step(rank, clock, resumed + local, ends, self.model.total_steps, False,
+                       clock_step=local)
+            self._schedule_attempt(rank, clock, resumed, local + 1)
+        self.at(ends, do_step)
+
     def _outside(self, rank: SimRank, step: int, faulty: bool = False) -> float:
         """The rank's host time between steps: a little, plus the straggler's input wait."""
         t = self.timing
@@ -242,11 +279,13 @@ class Worker:
         return outside + (t.input_wait_seconds if faulty and rank.spec.role == "input" else 0.0)
 
     def _step(self, rank: SimRank, clock: JobClock, step: int, ends: float, total: int,
-              faulty: bool) -> None:
+              faulty: bool, clock_step: int | None = None) -> None:
         """Step `step` of `rank` ends at `ends`: its timed step is the job's period minus its
-        time outside the step (the ranks leave each step's collective together)."""
+        time outside the step (the ranks leave each step's collective together); the clock
+        counts `clock_step` (a restarted attempt's own count), else `step`."""
         t, rng, role = self.timing, rank.rng, rank.spec.role
-        period = clock.step_end(step) - (clock.step_end(step - 1) if step > 1 else clock.start)
+        k = step if clock_step is None else clock_step
+        period = clock.step_end(k) - (clock.step_end(k - 1) if k > 1 else clock.start)
         seconds = period - self._outside(rank, step, faulty)
         loss = self.model.loss(step, rng.gauss(0, 0.02))
         grad_norm = self.model.grad_norm(step, rng.gauss(0, 0.05))

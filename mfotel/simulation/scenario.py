@@ -42,7 +42,9 @@ from ..contract import STATUS_FAILED
 FAULT_JOBS: tuple[tuple[str, int], ...] = (   # (fault, nodes); the main job takes the rest
     ("compute", 1), ("nan", 1), ("rank_down", 1), ("hang", 2), ("complete", 1), ("cancel", 1))
 JOB_SUFFIX = {"input": "main", "compute": "compute", "nan": "nan", "rank_down": "rank-down",
-              "hang": "hang", "complete": "complete", "cancel": "cancel"}
+              "hang": "hang", "complete": "complete", "cancel": "cancel",
+              # opt-in, beside or instead of the others (mfotel/simulation/attempts.py)
+              "restart": "restart"}
 #: Status a cancelled rank reports: the contract's own "cancelled" value when it has one.
 STATUS_CANCELLED: int = getattr(contract, "STATUS_CANCELLED", STATUS_FAILED)
 
@@ -87,6 +89,8 @@ class Timing:
     startup_seconds: float = 5.0    # status 0 (graph compilation) before the first step
     warmup_seconds: float = 60.0    # healthy running before the faults
     linger_seconds: float = 30.0    # completed / cancelled ranks wait this long for a scrape
+    checkpoint_steps: int = 10      # a restarted job resumes after its last multiple of these
+    restart_pause_seconds: float = 10.0  # a restarted job: its kill to its new processes' start
     batch_size: int = 4
     seq_length: int = 4096
 

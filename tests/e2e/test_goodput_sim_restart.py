@@ -1,0 +1,134 @@
+"""Goodput of a simulated job killed and restarted (mfotel/simulation/attempts.py), watched by
+a real Prometheus with the shipped rules: the simulator's attempts as the records see them.
+
+One job of 8 simulated ranks (2 nodes, the real rank exporter each), a step a second, a
+checkpoint every 8 steps: every rank SIGKILLed 20.5 s into training, its next process started
+4 s later on the same port with the same run id, 2 s of start-up, resuming after the last
+checkpoint. Prometheus scrapes every second, evaluates every rule every second and the goodput
+records every 5 s (1m as shipped). The truth is cut from the raw series (what a record can
+know: each rank's last scrape before the kill): two attempts, the steps between the
+checkpoint and the last step every rank was scraped at are done again, the downtime is from
+each rank's last scraped event to its new process start; the dashboards mark each attempt.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from mfotel.alerting import goodput
+from mfotel.alerting.rules import write_rules
+from mfotel.dashboards.queries import ALL, dashboard_queries, substitute
+from mfotel.localstack.alerting import shipped_files
+from mfotel.localstack.servers import Prometheus
+from mfotel.simulation.attempts import only_jobs, restart_job, resume_step
+from mfotel.simulation.run import SimSettings, Simulation
+from mfotel.simulation.scenario import Timing
+from mfotel.simulation.stack import prometheus_config
+from tests.support.paths import ROOT
+from tests.support.waiting import settle, wait_for
+
+pytestmark = pytest.mark.slow
+
+TIMING = Timing(step_seconds=1.0, startup_seconds=2.0, warmup_seconds=20.5,
+                linger_seconds=3.0, checkpoint_steps=8, restart_pause_seconds=4.0)
+AFTER_RESTART = 12.0   # seconds of the second attempt's steps before the checks
+RANKS = 8
+
+
+def _prometheus(workdir: Path, file_sd: Path) -> Prometheus:
+    """The shipped config and rules on the simulation's targets, every second; the goodput
+    records every 5 s."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(goodput, "INTERVAL", "5s")
+        rules = write_rules(workdir / "rules")
+    config = prometheus_config(shipped_files()["prometheus"], file_sd, None, 1.0,
+                               [path.name for path in rules])
+    return Prometheus(config, rule_files=rules, workdir=workdir / "prometheus")
+
+
+def _one(prom: Prometheus, expr: str, at: float | None = None) -> float:
+    (row,) = prom.query(expr, at)
+    return float(row["value"][1])
+
+
+def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downtime(tmp_path):
+    # 32 ranks for the scenario's plan, which only_jobs replaces by the restarted job
+    settings = SimSettings(ranks=32, ranks_per_node=4, prefix="gp", timing=TIMING,
+                           interval=1.0, workdir=tmp_path)
+    sim = Simulation(settings, tmp_path, lambda labels: 0.0)
+    job = restart_job([], nodes=2, ranks_per_node=4, prefix="gp")
+    only_jobs(sim, [job])
+    # Simulation made the targets folder: Prometheus watches it from its start
+    prom = _prometheus(tmp_path, tmp_path / "targets" / "*.json").start()
+    try:
+        sim.start()
+        start = sim.go()
+        killed = start + TIMING.fault_at
+        restarted = killed + TIMING.restart_pause_seconds
+        # a configured run: its id and attempt on rank_info, as with `run.id`
+        run = f'job_name="{job.name}", run_id="{job.name}-run"'
+        ranks = f'{{job_name="{job.name}"}}'
+        scraped = f"count(mindformers_train_step{ranks})"
+        wait_for(lambda: prom.query(scraped) and _one(prom, scraped) == RANKS,
+                 settle(TIMING.startup_seconds + 10), 0.5, "every rank scraped")
+        time.sleep(max(restarted + TIMING.startup_seconds + AFTER_RESTART - time.time(), 0))
+
+        def accounted() -> bool:
+            # both attempts recorded, and the goodput records past the restart's first steps
+            attempts = prom.query(f"sum_over_time({goodput.ATTEMPTS}{{{run}}}[5m])")
+            return bool(attempts) and float(attempts[0]["value"][1]) == 2 and _one(
+                prom, f"timestamp({goodput.WALL}{{{run}}})") > restarted + TIMING.startup_seconds
+        wait_for(accounted, settle(15), 0.5, "two attempts in the goodput records")
+        now = time.time()
+
+        # the truth, from each rank's last scrape of attempt 1 (read between the attempts)
+        between = restarted - 0.5
+        window = f"[{int(TIMING.fault_at)}s]"
+        last_steps = [float(r["value"][1]) for r in prom.query(
+            f"last_over_time(mindformers_train_step{ranks}{window})", between)]
+        last_events = [float(r["value"][1]) for r in prom.query(
+            f"last_over_time(mindformers_train_process_start_timestamp_seconds{ranks}{window})"
+            f" + on (job_name, rank) sum by (job_name, rank) "
+            f"(last_over_time(mindformers_train_time_seconds_total{ranks}{window}))", between)]
+        starts = {float(r["value"][1]) for r in prom.query(
+            f"mindformers_train_process_start_timestamp_seconds{ranks}", now)}
+        assert len(last_steps) == len(last_events) == RANKS
+        high_water = min(last_steps)
+        last = int(TIMING.warmup_seconds // TIMING.step_seconds)   # the kill came after it
+        checkpoint = resume_step(last, TIMING)
+        assert checkpoint == 16 and last - 1 <= high_water <= last, last_steps
+        (start_2,) = starts
+        assert _one(prom, f'count({{__name__="mindformers_train_rank_info", {run}, '
+                          f'attempt="2"}})', now) == RANKS
+        assert start_2 == pytest.approx(restarted, abs=1e-6), "started when scripted"
+        downtime = sum(restarted - event for event in last_events) / RANKS
+        assert TIMING.restart_pause_seconds < downtime < TIMING.restart_pause_seconds + 1.5
+
+        recorded = {r["metric"]["category"]: float(r["value"][1]) for r in prom.query(
+            f"{goodput.CATEGORY_TOTAL}{{{run}}}", now)}
+        assert _one(prom, f"{goodput.RECOMPUTED_TOTAL}{{{run}}}", now) == high_water - checkpoint
+        assert recorded["downtime"] == pytest.approx(downtime, abs=1e-6)
+        assert recorded["recomputed"] > 0 and recorded["startup"] > TIMING.startup_seconds
+        wall = _one(prom, f"{goodput.WALL}{{{run}}}", now)
+        assert sum(recorded.values()) == pytest.approx(wall, abs=1e-6)
+        # the ranks run: what is not accounted yet is the step in progress (< a step + scrape)
+        assert 0 <= recorded[goodput.UNACCOUNTED] < 2.5 * TIMING.step_seconds
+
+        # the dashboards' attempt marks: each attempt at its processes' first start
+        overview = json.loads((ROOT / "grafana" / "dashboards" /
+                               "mfotel-training-overview.json").read_text())
+        (marks,) = [q for q in dashboard_queries(overview) if q.title == "annotation: Attempts"]
+        expr = substitute(marks.expr, {"job_name": [job.name], "run_id": ALL, "rank": ALL})
+        first = min(float(r["value"][1]) for r in prom.query(
+            f"last_over_time(mindformers_train_process_start_timestamp_seconds{ranks}{window})",
+            between))
+        (series,) = prom.query(f"({expr})[{int(now - start) + 5}s:1s]", now)
+        assert {float(v) for _, v in series["values"]} == {first * 1000, start_2 * 1000}
+    finally:
+        try:
+            sim.stop()
+        finally:
+            prom.stop()
