@@ -75,6 +75,8 @@ SHARD_RANKS = "shard_job_name:mfotel_scraper_ranks:count"
 #: Recorded globally: shards whose heartbeat stopped, and the ranks last seen through them.
 SHARD_DOWN = "shard:mfotel_scraper_down:bool"
 UNSEEN = "job_name_rank:mfotel_rank_scraper_down:bool"
+#: The condition of a culprit page kept firing (`page`: the alert), recorded globally.
+KEPT = "job_name_rank:mfotel_culprit_page:condition"
 
 def scraper_records(cfg: RulesConfig) -> frozenset[str]:
     """Recording rules of one target's series only (a rank's own): evaluated on every shard."""
@@ -170,11 +172,25 @@ def _replace_once(text: str, old: str, new: str, where: str) -> str:
     return text.replace(old, new)
 
 
+def _kept_firing(rule: dict[str, Any]) -> list[dict[str, Any]]:
+    """`rule`, or for an alert with `keep_firing_for` (vmalert 1.79 refuses it) a record of
+    its condition (labelled `page`) and the alert on the record's last value within that
+    long: it keeps firing as long after its condition last held."""
+    keep = rule.get("keep_firing_for")
+    if keep is None:
+        return [rule]
+    name = rule["alert"]
+    record = {"record": KEPT, "expr": rule["expr"], "labels": {"page": name}}
+    alert = {k: v for k, v in rule.items() if k != "keep_firing_for"}
+    alert["expr"] = (f'label_replace(\n  last_over_time({KEPT}{{page="{name}"}}[{keep}]),\n'
+                     f'  "page", "", "", ""\n)')
+    return [record, alert]
+
+
 def _shard_aware(rule: dict[str, Any], cfg: RulesConfig, stall_gate: float) -> dict[str, Any]:
     """The global part's rule: ranks of a stopped shard neither depart nor stall nor go
-    missing; the stall counts `stall_gate` seconds more; no `keep_firing_for` (vmalert 1.79
-    refuses it)."""
-    rule = {k: v for k, v in rule.items() if k != "keep_firing_for"}
+    missing; the stall counts `stall_gate` seconds more."""
+    rule = dict(rule)
     name = _name(rule)
     if name == DEPARTURES_FRESH:
         # a stopped shard's ranks leave no new departure; those held before it stopped stay,
@@ -219,7 +235,9 @@ def global_groups(cfg: RulesConfig, ruler_interval: str | None = RULER_INTERVAL
     gate = 0.0 if ruler_interval is None else stall_gate_seconds(cfg, ruler_interval)
     groups = [*global_meta(cfg), *_split(recording_rules(cfg), cfg, False),
               *_split(alerting_rules(cfg), cfg, False)]
-    return [{**g, "rules": [_shard_aware(r, cfg, gate) for r in g["rules"]]} for g in groups]
+    return [{**g, "rules": [kept for r in g["rules"]
+                            for kept in _kept_firing(_shard_aware(r, cfg, gate))]}
+            for g in groups]
 
 
 def stall_gate_seconds(cfg: RulesConfig, ruler_interval: str) -> float:

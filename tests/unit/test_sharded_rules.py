@@ -24,6 +24,14 @@ def _names(groups: list[dict]) -> list[str]:
     return [r.get("record") or r["alert"] for g in groups for r in g["rules"]]
 
 
+def _condition(groups: list[dict], alertname: str) -> str:
+    """The expression an alert of the global part fires on: its own, or for a page kept
+    firing, its condition's record's."""
+    rules = [r for g in groups for r in g["rules"]]
+    kept = [r["expr"] for r in rules if r.get("labels", {}).get("page") == alertname]
+    return kept[0] if kept else next(r["expr"] for r in rules if r.get("alert") == alertname)
+
+
 def _rule_keys(groups: list[dict]) -> list[tuple[str, str]]:
     """(name, labels) of each rule: a record may be defined once per label set."""
     return [(r.get("record") or r["alert"], repr(sorted(r.get("labels", {}).items())))
@@ -36,7 +44,10 @@ def test_every_rule_lands_in_exactly_one_part(cfg):
     scraper, global_ = sharded.scraper_groups(cfg), sharded.global_groups(cfg)
     meta = Counter(_rule_keys(sharded.scraper_meta(cfg)) + _rule_keys(sharded.global_meta(cfg)))
     split = Counter(_rule_keys(scraper) + _rule_keys(global_))
-    assert split - meta == unsharded
+    kept = Counter(k for k in _rule_keys(global_) if k[0] == sharded.KEPT)
+    assert split - meta - kept == unsharded
+    # the culprit pages kept firing as in one Prometheus, through a record of their condition
+    assert len(kept) == 4 if cfg.culprit_keep_firing_for != "0s" else not kept
     # the per-rank parts run on every shard, the comparisons once
     assert {"MindFormersLossSpike", sharded.HEARTBEAT} <= set(_names(scraper))
     assert {"MindFormersRanksMissing", "MindFormersStragglerRank", "MindFormersRankDown",
@@ -57,12 +68,13 @@ def test_the_scraper_part_reads_only_its_own_records_and_the_global_part_what_is
 
 
 def test_the_global_part_leaves_the_ranks_of_a_stopped_shard_out():
-    rules = {r.get("record") or r["alert"]: r for g in sharded.global_groups(RulesConfig())
-             for r in g["rules"]}
-    for name in ("job_name_rank_how:mindformers_train_departure_timestamp_seconds:fresh",
-                 "MindFormersTrainingStalled", "MindFormersRankDown", "MindFormersRankExited",
+    groups = sharded.global_groups(RulesConfig())
+    rules = {r.get("record") or r["alert"]: r for g in groups for r in g["rules"]}
+    assert f"unless on (job_name, rank) {sharded.UNSEEN}" in rules[
+        "job_name_rank_how:mindformers_train_departure_timestamp_seconds:fresh"]["expr"]
+    for name in ("MindFormersTrainingStalled", "MindFormersRankDown", "MindFormersRankExited",
                  "MindFormersRankFailed"):
-        assert f"unless on (job_name, rank) {sharded.UNSEEN}" in rules[name]["expr"], name
+        assert f"unless on (job_name, rank) {sharded.UNSEEN}" in _condition(groups, name), name
     # an incident held before the shard stopped keeps its culprit: of the departures held,
     # only a stopped shard's ranks' vanishing is void
     assert rules["job_name_rank_how:mindformers_train_departure_timestamp_seconds:valid"][
@@ -73,6 +85,9 @@ def test_the_global_part_leaves_the_ranks_of_a_stopped_shard_out():
     assert rules["MindFormersRanksMissing"]["expr"].endswith(
         f"unless on (job_name) {sharded.UNSEEN}")
     assert not any("keep_firing_for" in r for r in rules.values())   # vmalert 1.79
+    assert rules["MindFormersRankDown"]["expr"] == (
+        f'label_replace(\n  last_over_time({sharded.KEPT}{{page="MindFormersRankDown"}}[1m]),\n'
+        '  "page", "", "", ""\n)')
 
 
 def test_the_global_stall_waits_for_the_culprit_chain():
@@ -86,9 +101,8 @@ def test_the_global_stall_waits_for_the_culprit_chain():
     # stall_seconds + stall_for - departure_seconds (30 s here, 1010 s shipped)
     assert sharded.stall_gate_seconds(RulesConfig(), "15s") == 0
     for interval, gate in (("5s", 12), ("15s", 82)):
-        [rule] = [r for g in sharded.global_groups(cfg, interval) for r in g["rules"]
-                  if r.get("alert") == "MindFormersTrainingStalled"]
-        assert rule["expr"].count(f") > {30 + 10 + gate}\n") == 3, interval
+        stalled = _condition(sharded.global_groups(cfg, interval), "MindFormersTrainingStalled")
+        assert stalled.count(f") > {30 + 10 + gate}\n") == 3, interval
     [plain] = [r for g in alerting_rules(cfg) for r in g["rules"]
                if r.get("alert") == "MindFormersTrainingStalled"]
     assert plain["expr"].count(") > 40\n") == 3
