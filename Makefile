@@ -51,5 +51,6 @@ bench:
 assets:
 	.venv/bin/python -m mfotel.dashboards --out mfotel/dashboards/grafana/dashboards
 	.venv/bin/mfotel assets --out .
+	.venv/bin/mfotel rules --topology sharded --out examples/prometheus/rules
 
 dashboards: assets

@@ -62,6 +62,8 @@ def kind_of(document: Any) -> str:
         return "collector config (test_multirank_examples)"
     if "monitor_config" in document and len(document) == 1:
         return "monitor_config (mfotel check)"
+    if set(document) == {"groups"}:
+        return "rule file (test_sharded_rules: the rendered rules, promtool and vmalert)"
     if "callbacks" in document or "runner_wrapper" in document:
         return "mindformers YAML (test_mindformers_check)"
     return "unknown"

@@ -168,3 +168,13 @@ def test_the_example_shard_config_is_the_tested_topology_and_promtool_accepts_it
         assert ours["static_configs"] == theirs["static_configs"]
     assert shipped["remote_write"][0]["url"] == tested["remote_write"][0]["url"]
     assert shipped["remote_write"][0]["queue_config"] == tested["remote_write"][0]["queue_config"]
+
+
+def test_the_repository_copies_beside_the_example_are_the_rendered_rules():
+    """examples/prometheus/rules/ holds what the example's `mfotel rules --topology sharded
+    --out rules` writes (`make assets` renders them), so the example runs as it is."""
+    from tests.support.paths import ROOT
+    folder = ROOT / "examples" / "prometheus" / "rules"
+    shipped = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert shipped == assets.sharded_rule_files(), \
+        "examples/prometheus/rules is stale: run `make assets`"
