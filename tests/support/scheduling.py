@@ -129,11 +129,18 @@ class LongestFirstScheduling(LoadScopeScheduling):
 
     def _assign_work_unit(self, node: Any) -> None:
         """The first unit of the queue, unless it is a whole-job test and either `node` already
-        holds one (it would wait behind it) or the cap is reached: then the first other unit."""
+        holds one (it would wait behind it) or the cap is reached: then another unit, the last
+        of the queue (the shortest kind, unit tests) behind a whole-job test on `node` (the
+        first other unit there, a slow module, kept the node from its next whole-job test for
+        minutes after its first ended: 200 s with every whole-job place free), else the
+        first other unit."""
         cap = whole_job_cap(len(self.nodes))
-        if self._whole_jobs_pending(node) or self._whole_jobs_pending() >= cap:
-            other = next((scope for scope in self.workqueue
-                          if _module(scope) not in WHOLE_JOB), None)
+        holds_one = self._whole_jobs_pending(node)
+        if holds_one or self._whole_jobs_pending() >= cap:
+            others = (scope for scope in (reversed(self.workqueue) if holds_one
+                                          else self.workqueue)
+                      if _module(scope) not in WHOLE_JOB)
+            other = next(others, None)
             if other is not None:
                 self.workqueue.move_to_end(other, last=False)
         super()._assign_work_unit(node)
