@@ -129,7 +129,10 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     """The run account, in evaluation order (module docstring)."""
     time_account = _seen("mindformers_train_time_seconds_total")
     steps = _seen("mindformers_train_steps_total")
-    step = _last(cfg, "mindformers_train_step")
+    # each rank's step as last scraped; 0 for a rank of the run that has completed no step yet
+    # (steps but no step series): not left out of the step every rank has completed
+    step = (f"(\n  {_last(cfg, 'mindformers_train_step')}\n  or on (job_name, rank)\n"
+            f"  {steps} * 0\n)")
     w = cfg.goodput_run_window
     # the run's high-water mark: the highest step every rank had completed before this
     # minute; each rank's step the minute began at, averaged
@@ -147,7 +150,8 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     first_step = (f"({steps0} > 0)\nunless on (job_name, rank) (\n"
                   f"  ({steps0_before} > 0)\n  and on (job_name, rank) "
                   f"{_same_process()}\n)")
-    resumed = f"({step} - {steps})\nand on (job_name, rank)\n{first_step}"
+    resumed = (f"({_last(cfg, 'mindformers_train_step')} - {steps})\nand on (job_name, rank)\n"
+               f"{first_step}")
     # a rank's last event: its process start and its account (at its last scrape)
     account, start_name = "mindformers_train_time_seconds_total", \
         "mindformers_train_process_start_timestamp_seconds"

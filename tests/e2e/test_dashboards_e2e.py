@@ -415,13 +415,27 @@ def test_goodput_panels_account_for_the_run(fed_prometheus):
     assert {float(v) for _, v in series["values"]} == {min(starts) * 1000}
 
     # the bars: seconds of each category per evaluation; the saves and the evaluation in the
-    # evaluations they ended in
+    # evaluations they ended in. Each bar is read at the records' own evaluation times: a range
+    # at 1 s steps from `start` can step past the last one (its evaluation, within a second of
+    # `end`, holds the demo's evaluation and the run's end)
+    evaluations = sorted({float(t) for row in prom.query(
+        f'{goodput.CATEGORY_INCREASE}{{job_name="{JOB}"}}[{int(end - start) + 1}s]', end)
+        for t, _ in row["values"]})
+    assert evaluations and evaluations[-1] <= end
     bars = _panel("mfotel-training-overview", "Time per minute by category")
     seen = {}
     for query in bars.values():
-        data = _api(prom.url, "/api/v1/query_range", {"query": _expr(query, start, end),
-                                                      "start": start, "end": end, "step": "1s"})
-        (row,) = data["result"]
-        seen[row["metric"]["category"]] = max(float(v) for _, v in row["values"])
+        for at in evaluations:
+            for row in prom.query(_expr(query, start, end), at):
+                name = row["metric"]["category"]
+                seen[name] = max(seen.get(name, 0.0), float(row["value"][1]))
     assert set(seen) == set(goodput.CATEGORIES)
-    assert all(seen[name] > 0 for name in ("goodput", "startup", "checkpoint", "evaluation"))
+    assert all(seen[name] > 0 for name in ("goodput", "startup", "checkpoint", "evaluation")), seen
+    # the bars add up to the account: each category's seconds per evaluation, summed, are its
+    # total (over the run, one attempt)
+    totals = {name: sum(float(row["value"][1]) for at in evaluations for row in prom.query(
+        _expr(query, start, end), at)) for query in bars.values()
+        for name in [query.legend]}
+    run_totals = {r["metric"]["category"]: float(r["value"][1]) for r in prom.query(
+        f'{goodput.CATEGORY_TOTAL}{{job_name="{JOB}"}}', end)}
+    assert totals == pytest.approx({name: run_totals[name] for name in totals}, abs=1e-6)
