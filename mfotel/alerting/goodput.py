@@ -187,11 +187,13 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
          "expr": f"min by ({RUN}) (\n{indent(_of_run(cfg, start))}\n)"},
         {"record": LAST_EVENT,
          "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, last_event))}\n)"},
-        # the share of the run's ranks whose process is new this minute: 1 an attempt (its
-        # ranks may first be scraped in two minutes)
+        # 1 when a rank's process is new this minute and none was the minute before: an
+        # attempt's ranks may first be scraped in two minutes (a share of the ranks seen
+        # counted a first attempt 1.5 times: its first rank was all the ranks seen then)
         {"record": ATTEMPTS,
-         "expr": f"sum by ({RUN}) (\n{indent(_of_run(cfg, f'({new_rank}) * 0 + 1'))}\n)\n"
-                 f"/ {ranks}\nor\n{PROCESS_START} * 0"},
+         "expr": f"(\n  count by ({RUN}) (\n{indent(_of_run(cfg, new_rank), '    ')}\n  ) * 0 + 1\n"
+                 f"  unless on ({RUN}) ({ATTEMPTS} offset {INTERVAL} > 0)\n)\n"
+                 f"or\n{PROCESS_START} * 0"},
         {"record": RESUME_STEP, "expr": f"max by ({RUN}) (\n{indent(_of_run(cfg, resumed))}\n)"},
         # an attempt that resumed from no later a step than the attempt before it
         {"record": RESTARTS_NO_PROGRESS,

@@ -109,7 +109,10 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
 
         recorded = {r["metric"]["category"]: float(r["value"][1]) for r in prom.query(
             f"{goodput.CATEGORY_TOTAL}{{{run}}}", now)}
-        assert _one(prom, f"{goodput.RECOMPUTED_TOTAL}{{{run}}}", now) == high_water - checkpoint
+        # the mean of the ranks' redone steps: exact on a quiet machine; under load the ranks'
+        # last scrapes before the kill may be a step apart (23 of 24 steps for 8 ranks seen)
+        assert _one(prom, f"{goodput.RECOMPUTED_TOTAL}{{{run}}}", now) == \
+            pytest.approx(high_water - checkpoint, abs=1)
         assert recorded["downtime"] == pytest.approx(downtime, abs=1e-6)
         assert recorded["recomputed"] > 0 and recorded["startup"] > TIMING.startup_seconds
         wall = _one(prom, f"{goodput.WALL}{{{run}}}", now)
