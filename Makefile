@@ -12,7 +12,9 @@ demo:
 # work queued behind them (tests/support/scheduling.py), 8 workers 8.0 min, 10 workers 7.2 min
 # (the cores then saturated: more would not help); with the cascade tests (real msrun jobs
 # waiting out MindSpore's time-outs, one of 300 s) 10 workers took 14.5 min, ~1,300 CPU-s
-# (2026-12-06). Each test module
+# (2026-12-06); the whole-job tests longest first and short work queued behind them, with the
+# goodput and sharded whole-job tests added, 12.1 min, ~1,140 CPU-s (the cores then ~80% busy:
+# 8 min needs ~900 CPU-s). Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
 # Memory bounds it too: at 10 workers the machine used at most 8.3 GB (MindSpore in every worker
