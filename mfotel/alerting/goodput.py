@@ -12,12 +12,13 @@ to the rank's last event. These rules turn it into the run's account, one minute
    staleness a failed scrape or a killed process leaves: the minute a rank was killed in counts
    up to its last scrape, and a scrape that failed is no new process;
 2. the steps redone: each rank's steps of the minute at or below the run's high-water mark
-   (the highest step every rank had completed before the minute: ranks a step apart at a
-   scrape redo nothing), their share of the minute's step time is `recomputed`, the rest
-   `goodput`;
-3. the downtime: when a new attempt shows up (the earliest process start of the run's live
-   ranks moved on: ranks whose first scrapes fall in two minutes are one attempt), from the
-   last event of the run before it (its ranks' last scrapes) to the new processes' start;
+   (the highest step every rank had completed before the latest attempt began, 0 in the
+   first: ranks a step apart, or first scraped in two minutes, redo nothing), averaged; their
+   share of the minute's step time is `recomputed`, the rest `goodput`;
+3. the attempts: the run's first processes, then each time a rank shows a later process start
+   than its known one (a rank first scraped late is none; ranks of one attempt first scraped
+   in two minutes are one); the downtime: from each restarted rank's last event before (its
+   old process's last scrape, else the run's) to its new process's start;
 4. the run's totals (over `goodput_run_window`), its wall clock (first process start to now
    while a rank runs, else to its last event), `unaccounted` what the categories leave of it,
    and the shares of the last hour.
@@ -51,10 +52,13 @@ STEPS_INCREASE = "job_name_run_id:mindformers_train_steps:increase1m"
 STEP_MIN = "job_name_run_id:mindformers_train_step:min"
 PROCESS_START = "job_name_run_id:mindformers_train_process_start_timestamp_seconds:min"
 LAST_EVENT = "job_name_run_id:mindformers_train_last_event_timestamp_seconds:avg"
+KNOWN_START = "job_name_rank:mindformers_train_process_start_timestamp_seconds:latest"
 ATTEMPTS = "job_name_run_id:mindformers_train_attempts:increase1m"
+ATTEMPT_START = "job_name_run_id:mindformers_train_attempt_start_timestamp_seconds:min"
 RESUME_STEP = "job_name_run_id:mindformers_train_resume_step:first_step"
 RESTARTS_NO_PROGRESS = "job_name_run_id:mindformers_train_restarts_without_progress:increase1m"
 DOWNTIME = "job_name_run_id:mindformers_train_downtime_seconds:increase1m"
+HIGH_WATER = "job_name_run_id:mindformers_train_step:max_before_attempt"
 RECOMPUTED_STEPS = "job_name_run_id:mindformers_train_recomputed_steps:increase1m"
 CATEGORY_INCREASE = "job_name_run_id_category:mindformers_train_time_seconds:increase1m"
 CATEGORY_TOTAL = "job_name_run_id_category:mindformers_train_time_seconds:total"
@@ -134,12 +138,18 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     step = (f"(\n  {_last(cfg, 'mindformers_train_step')}\n  or on (job_name, rank)\n"
             f"  {steps} * 0\n)")
     w = cfg.goodput_run_window
-    # the run's high-water mark: the highest step every rank had completed before this
-    # minute; each rank's step the minute began at, averaged
-    high_water = f"max_over_time({STEP_MIN}[{w}] offset {INTERVAL})"
-    began_at = f"(avg by ({RUN}) (\n{indent(_of_run(cfg, step), '  ')}\n  )\n  - {STEPS_INCREASE})"
-    below_high_water = (f"(\n  clamp_min({high_water} - {began_at}, 0)\n"
-                        f"  or\n  {STEPS_INCREASE} * 0\n)")
+    # the run's high-water mark: the highest step every rank had completed before the latest
+    # attempt began (taken in the minute it first showed, held until the next; 0 before the
+    # first): what a rank does at or below it was done before. A rank's steps of the minute
+    # above it are its step less the mark; the rest of its steps of the minute were redone
+    high_water = (f"(\n  max_over_time({STEP_MIN}[{w}] offset {INTERVAL})\n"
+                  f"  and on ({RUN}) ({ATTEMPTS} > 0)\n)\nor\n"
+                  f"(\n  last_over_time({HIGH_WATER}[{LOOKBACK}] offset {INTERVAL})\n"
+                  f"  and on ({RUN}) {STEP_MIN}\n)\nor\n{STEP_MIN} * 0")
+    above = (f"clamp_min(\n{indent(_of_run(cfg, step))}\n  - on ({RUN}) group_left ()\n"
+             f"  {HIGH_WATER},\n  0\n)")
+    redone = (f"clamp_min(\n{indent(_of_run(cfg, _increase('mindformers_train_steps_total')))}"
+              f"\n  - on (job_name, rank) group_left ()\n{indent(above)},\n  0\n)")
     step_time = f'sum without (phase) ({PHASE_INCREASE}{{phase="step"}})'
     recomputed_time = (f"(\n  {step_time}\n  * {RECOMPUTED_STEPS}\n  / ({STEPS_INCREASE} > 0)\n"
                        f"  or\n  {step_time} * 0\n)")
@@ -159,13 +169,32 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     last_event = f"{start}\n+\nsum without (phase) ({time_account})"
     last_event_before = (f"{start_before}\n+\nsum without (phase) "
                          f"({_seen(account, before=True)})")
-    # ranks whose process is new this minute (their start as value); each one's downtime: from
-    # its own last event a minute ago (its old process's last scrape, within LOOKBACK), else
-    # from the run's last event
+    # ranks whose process is new this minute (their start as value): first seen, or restarted
+    # (a later start than the rank's known one: a rank first scraped late is no restart)
     new_rank = f"{start}\nunless on (job_name, rank)\n({start} == {start_before})"
+    restarted = f"{start}\n> on (job_name, rank) group_left ()\n({KNOWN_START} offset {INTERVAL})"
+    # the rank's latest start, kept while its job had an event within the run window
+    known_start = (f"max by (job_name, rank) ({start})\nor\n"
+                   f"last_over_time({KNOWN_START}[{LOOKBACK}] offset {INTERVAL})\n"
+                   f"and on (job_name)\nlast_over_time({LAST_EVENT}[{w}])")
+    # a new attempt: a rank restarted, or the run's first processes
+    first = (f"{_of_run(cfg, new_rank)}\nunless on ({RUN})\n"
+             f"max_over_time({PROCESS_START}[{w}] offset {INTERVAL})")
+    attempt_ranks = f"{_of_run(cfg, restarted)}\nor\n{first}"
+    # the latest attempt's earliest process start: set when it shows, lowered by its ranks
+    # first seen later (the dashboards mark each attempt once, however its old ranks go stale)
+    held = (f"last_over_time({ATTEMPT_START}[{LOOKBACK}] offset {INTERVAL})\n"
+            f"and on ({RUN}) {PROCESS_START}")
+    seen_now = f"min by ({RUN}) (\n{indent(_of_run(cfg, new_rank))}\n)"
+    attempt_start = (f"(\n  min by ({RUN}) (\n{indent(attempt_ranks, '    ')}\n  )\n"
+                     f"  and on ({RUN}) ({ATTEMPTS} > 0)\n)\nor\n"
+                     f"(\n{indent(held)}\n  <=\n{indent(seen_now)}\n)\nor\n"
+                     f"{seen_now}\nand on ({RUN}) (\n{indent(held)}\n)\nor\n{held}")
+    # each restarted rank's downtime: from its own last event a minute ago (its old process's
+    # last scrape, within LOOKBACK), else from the run's last event
     known = (f"clamp_min(\n  ({indent(new_rank, '  ').strip()})\n  - on (job_name, rank)\n"
              f"  ({indent(last_event_before, '  ').strip()}),\n  0\n)")
-    unknown = f"({new_rank})\nunless on (job_name, rank)\n({last_event_before})"
+    unknown = f"({restarted})\nunless on (job_name, rank)\n({last_event_before})"
     rank_downtime = (f"{_of_run(cfg, known)}\nor\nclamp_min(\n{indent(_of_run(cfg, unknown))}\n"
                      f"  - on ({RUN}) group_left ()\n  last_over_time({LAST_EVENT}[{w}] offset "
                      f"{INTERVAL}),\n  0\n)")
@@ -187,13 +216,15 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
          "expr": f"min by ({RUN}) (\n{indent(_of_run(cfg, start))}\n)"},
         {"record": LAST_EVENT,
          "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, last_event))}\n)"},
-        # 1 when a rank's process is new this minute and none was the minute before: an
-        # attempt's ranks may first be scraped in two minutes (a share of the ranks seen
-        # counted a first attempt 1.5 times: its first rank was all the ranks seen then)
+        {"record": KNOWN_START, "expr": known_start},
+        # 1 when a new attempt shows this minute and none did the minute before: an attempt's
+        # ranks may first be scraped in two minutes (a share of the ranks seen counted a first
+        # attempt 1.5 times: its first rank was all the ranks seen then)
         {"record": ATTEMPTS,
-         "expr": f"(\n  count by ({RUN}) (\n{indent(_of_run(cfg, new_rank), '    ')}\n  ) * 0 + 1\n"
+         "expr": f"(\n  count by ({RUN}) (\n{indent(attempt_ranks, '    ')}\n  ) * 0 + 1\n"
                  f"  unless on ({RUN}) ({ATTEMPTS} offset {INTERVAL} > 0)\n)\n"
                  f"or\n{PROCESS_START} * 0"},
+        {"record": ATTEMPT_START, "expr": attempt_start},
         {"record": RESUME_STEP, "expr": f"max by ({RUN}) (\n{indent(_of_run(cfg, resumed))}\n)"},
         # an attempt that resumed from no later a step than the attempt before it
         {"record": RESTARTS_NO_PROGRESS,
@@ -203,8 +234,9 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": DOWNTIME,
          "expr": f"sum by ({RUN}) (\n{indent(rank_downtime)}\n)\n/ {ranks}\n"
                  f"or\n{PROCESS_START} * 0"},
-        {"record": RECOMPUTED_STEPS,
-         "expr": f"{below_high_water} <= {STEPS_INCREASE}\nor\n{STEPS_INCREASE}"},
+        {"record": HIGH_WATER, "expr": high_water},
+        # each rank's steps of the minute at or below the mark, averaged like the steps
+        {"record": RECOMPUTED_STEPS, "expr": f"avg by ({RUN}) (\n{indent(redone)}\n)"},
     ]
     def category(name: str, expr: str) -> dict[str, Any]:
         return {"record": CATEGORY_INCREASE, "expr": expr, "labels": {"category": name}}

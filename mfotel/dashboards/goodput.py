@@ -123,7 +123,7 @@ ROW = Row("Goodput across restarts", (
 
 ANNOTATIONS = (
     # the run's earliest process start, in ms: a new value when every rank started anew
-    Annotation("Attempts", f"{run_sel(records.PROCESS_START)} * 1000", "blue",
+    Annotation("Attempts", f"{run_sel(records.ATTEMPT_START)} * 1000", "blue",
                "Attempt of run {{run_id}} started",
                "{{job_name}}: its processes' first start (an attempt after the first is a "
                "restart)", tag_keys="job_name,run_id", value_is_time=True),

@@ -50,7 +50,7 @@ RECORDING_RULES = frozenset({
     "job_name_run_id_category:mindformers_train_time:ratio1h",
     "job_name_run_id:mindformers_train_recomputed_steps:total",
     "job_name_run_id:mindformers_train_attempts:increase1m",
-    "job_name_run_id:mindformers_train_process_start_timestamp_seconds:min",
+    "job_name_run_id:mindformers_train_attempt_start_timestamp_seconds:min",
     "job_name_run_id:mindformers_train_restarts_without_progress:increase1m",
 })
 #: mindformers-native metrics bridged by mfotel when native monitoring is on.
@@ -570,7 +570,7 @@ def test_the_goodput_breakdown_stacks_every_category_in_its_colour():
     assert [t["legendFormat"] for t in bars["targets"]] == categories[:-1]
     (attempts,) = [a for a in DASHBOARDS["mfotel-training-overview.json"]["annotations"]["list"]
                    if a["name"] == "Attempts"]
-    assert attempts["useValueForTime"] is True and goodput.PROCESS_START in attempts["expr"]
+    assert attempts["useValueForTime"] is True and goodput.ATTEMPT_START in attempts["expr"]
 
 
 def test_goodput_panels_show_the_hand_worked_restart(tmp_path):
