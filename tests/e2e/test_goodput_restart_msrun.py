@@ -138,11 +138,6 @@ def _table(truth: Truth, recorded: dict[str, float], logged: dict) -> str:
     return "\n".join(lines)
 
 
-# Runs in every suite, and its result shows (XPASS / XFAIL), but does not fail it yet: in the
-# last of 3 full runs on a loaded 2-core machine the rules recorded 8 recomputed steps where the
-# job redid 4 (steps 9-12); it passed in the others and alone. Issue 35 stays open on it.
-@pytest.mark.xfail(strict=False, reason="recomputed steps doubled once under a loaded suite: "
-                   "issue 35 (see above)")
 def test_goodput_across_a_kill_and_a_resume_agrees_with_the_jobs_truth(tmp_path, monkeypatch):
     monkeypatch.setattr(goodput, "INTERVAL", GOODPUT_INTERVAL)
     began = time.time()
