@@ -10,7 +10,9 @@ to the rank's last event. These rules turn it into the run's account, one minute
    run's ranks (`run_id` from `mindformers_train_rank_info`; without a configured run, the job
    is the run). A rank's last scrape is read over `LOOKBACK` (5m, as an instant read), past the
    staleness a failed scrape or a killed process leaves: the minute a rank was killed in counts
-   up to its last scrape, and a scrape that failed is no new process;
+   up to its last scrape, and a scrape that failed is no new process. A rank restarted within
+   the minute shows its new process live: its old one is read back over the minute every
+   RESOLUTION (OLD), and counts to within that of its last scrape;
 2. the steps redone: each rank's steps of the minute at or below the run's high-water mark
    (the highest step every rank had completed before the latest attempt began, 0 in the
    first: ranks a step apart, or first scraped in two minutes, redo nothing), averaged; their
@@ -41,6 +43,8 @@ from .thresholds import RulesConfig, duration_seconds
 INTERVAL = "1m"
 #: How far back a rank's last scrape is read (Prometheus' instant look-back).
 LOOKBACK = "5m"
+#: The step at which a restarted rank's old process is read back over the minute (OLD).
+RESOLUTION = "15s"
 #: The window of the shares and of the alerts (Prometheus 2 ranges hold both ends: 61 minutes).
 WINDOW = "1h"
 CATEGORIES = ("goodput", "recomputed", *(p for p in PHASES if p != "step"), "downtime")
@@ -59,6 +63,7 @@ RESUME_STEP = "job_name_run_id:mindformers_train_resume_step:first_step"
 RESTARTS_NO_PROGRESS = "job_name_run_id:mindformers_train_restarts_without_progress:increase1m"
 DOWNTIME = "job_name_run_id:mindformers_train_downtime_seconds:increase1m"
 HIGH_WATER = "job_name_run_id:mindformers_train_step:max_before_attempt"
+STEP = "mindformers_train_step"
 RECOMPUTED_STEPS = "job_name_run_id:mindformers_train_recomputed_steps:increase1m"
 CATEGORY_INCREASE = "job_name_run_id_category:mindformers_train_time_seconds:increase1m"
 CATEGORY_TOTAL = "job_name_run_id_category:mindformers_train_time_seconds:total"
@@ -86,8 +91,7 @@ def _last(cfg: RulesConfig, name: str, *matchers: str, before: bool = False) -> 
     its last scrape within LOOKBACK (a killed rank's, a failed scrape's; not where the rank has
     a live series at another address); a minute before with `before`."""
     offset = f" offset {INTERVAL}" if before else ""
-    by = "job_name, rank, phase" if name == "mindformers_train_time_seconds_total" else \
-        "job_name, rank"
+    by = _by(name)
     series = cfg.m(name, *matchers)
     return (f"({series}{offset} or on ({by}) last_over_time({series}[{LOOKBACK}]{offset}))")
 
@@ -98,6 +102,12 @@ def _last(cfg: RulesConfig, name: str, *matchers: str, before: bool = False) -> 
 SEEN = {name: f"job_name_rank:{name}:last_scrape" for name in (
     "mindformers_train_time_seconds_total", "mindformers_train_steps_total",
     "mindformers_train_process_start_timestamp_seconds")}
+#: For a rank restarted this minute, its old process's last scrape within the minute: a restart
+#: quicker than the minute (its new process scraped before this evaluation) hides the old
+#: process's last scrapes from `_last`, whose live series is the new process's.
+OLD = {name: f"job_name_rank:{name}:old_process_last_scrape" for name in (
+    "mindformers_train_time_seconds_total", "mindformers_train_steps_total",
+    "mindformers_train_step")}
 
 
 def _seen(name: str, *matchers: str, before: bool = False) -> str:
@@ -116,11 +126,46 @@ def _same_process() -> str:
             f"unless on (job_name, rank) {_seen(start)})\n)")
 
 
-def _increase(name: str) -> str:
+def _by(name: str) -> str:
+    """The labels that tell one rank's series of `name` apart (the time account: per phase)."""
+    return "job_name, rank, phase" if name == "mindformers_train_time_seconds_total" else \
+        "job_name, rank"
+
+
+def _increase(name: str, old_process: bool = False) -> str:
     """Each rank's exact increase of counter `name` since the evaluation before, to its last
-    scrape; all of it for a new process (its counters started at 0) or one seen first."""
+    scrape; all of it for a new process (its counters started at 0) or one seen first, and
+    with `old_process` what a restarted rank's old process added after the evaluation before
+    (OLD)."""
+    new = _seen(name)
+    if old_process:
+        new = (f"{_seen(name)}\n+ on ({_by(name)}) group_left ()\n"
+               f"clamp_min({OLD[name]} - on ({_by(name)}) group_left () "
+               f"{_seen(name, before=True)}, 0)\nor\n{_seen(name)}")
     return (f"({_seen(name)} - {_seen(name, before=True)})\n"
-            f"and on (job_name, rank) {_same_process()}\nor\n{_seen(name)}")
+            f"and on (job_name, rank) {_same_process()}\nor\n{new}")
+
+
+def _new_rank() -> str:
+    """Ranks whose process is new this minute (their start as value): first seen, or of
+    another start than the minute before."""
+    start = _seen("mindformers_train_process_start_timestamp_seconds")
+    before = _seen("mindformers_train_process_start_timestamp_seconds", before=True)
+    return f"(\n  {start}\n  unless on (job_name, rank)\n  ({start} == {before})\n)"
+
+
+def _old_process(cfg: RulesConfig, name: str) -> str:
+    """OLD[name]: for each rank whose process start is later than its known one, the last
+    value its old process showed within the minute: each RESOLUTION of the minute, the last
+    scrape in it while the start was the known one (up to RESOLUTION short of the last)."""
+    start = "mindformers_train_process_start_timestamp_seconds"
+    old = (f"last_over_time({cfg.m(name)}[{RESOLUTION}])\nand on (job_name, rank)\n"
+           f"(last_over_time({cfg.m(start)}[{RESOLUTION}]) == on (job_name, rank) "
+           f"group_left () {KNOWN_START})")
+    return (f"last_over_time((\n{indent(old)}\n)[{INTERVAL}:{RESOLUTION}])\n"
+            f"and on (job_name, rank)\n"
+            f"({_seen(start)} > on (job_name, rank) group_left () "
+            f"({KNOWN_START} offset {INTERVAL}))")
 
 
 def _running(cfg: RulesConfig) -> str:
@@ -142,7 +187,20 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     # attempt began (taken in the minute it first showed, held until the next; 0 before the
     # first): what a rank does at or below it was done before. A rank's steps of the minute
     # above it are its step less the mark; the rest of its steps of the minute were redone
-    high_water = (f"(\n  max_over_time({STEP_MIN}[{w}] offset {INTERVAL})\n"
+    # ... the lowest rank's step before the minute, or its old process's last in it (a restart
+    # within the minute), whichever is higher
+    # (a new process's own step is none: its rank's step a minute before if it had one, the
+    # first attempt's ranks none)
+    old_step = (f"{OLD[STEP]}\nor on (job_name, rank)\n"
+                f"({step} unless on (job_name, rank) {_new_rank()})\nor on (job_name, rank)\n"
+                f"last_over_time({cfg.m(STEP)}[{LOOKBACK}] offset {INTERVAL})")
+    old_step_min = f"min by ({RUN}) (\n{indent(_of_run(cfg, old_step))}\n)"
+    before_attempt = (f"max by ({RUN}) (\n"
+                      f"  label_replace(max_over_time({STEP_MIN}[{w}] offset {INTERVAL}), "
+                      f'"of", "records", "", "")\n  or\n'
+                      f'  label_replace({indent(old_step_min, "  ").strip()}, '
+                      f'"of", "old", "", "")\n)')
+    high_water = (f"(\n{indent(before_attempt)}\n"
                   f"  and on ({RUN}) ({ATTEMPTS} > 0)\n)\nor\n"
                   f"(\n  last_over_time({HIGH_WATER}[{LOOKBACK}] offset {INTERVAL})\n"
                   f"  and on ({RUN}) {STEP_MIN}\n)\nor\n{STEP_MIN} * 0")
@@ -167,11 +225,13 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         "mindformers_train_process_start_timestamp_seconds"
     start, start_before = _seen(start_name), _seen(start_name, before=True)
     last_event = f"{start}\n+\nsum without (phase) ({time_account})"
+    # (a restarted rank's: its old process's last scrape in the minute, if one was after it)
     last_event_before = (f"{start_before}\n+\nsum without (phase) "
-                         f"({_seen(account, before=True)})")
+                         f"({OLD[account]} or on (job_name, rank, phase) "
+                         f"{_seen(account, before=True)})")
     # ranks whose process is new this minute (their start as value): first seen, or restarted
     # (a later start than the rank's known one: a rank first scraped late is no restart)
-    new_rank = f"{start}\nunless on (job_name, rank)\n({start} == {start_before})"
+    new_rank = _new_rank()
     restarted = f"{start}\n> on (job_name, rank) group_left ()\n({KNOWN_START} offset {INTERVAL})"
     # the rank's latest start, kept while its job had an event within the run window
     known_start = (f"max by (job_name, rank) ({start})\nor\n"
@@ -181,6 +241,13 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     first = (f"{_of_run(cfg, new_rank)}\nunless on ({RUN})\n"
              f"max_over_time({PROCESS_START}[{w}] offset {INTERVAL})")
     attempt_ranks = f"{_of_run(cfg, restarted)}\nor\n{first}"
+    # ... counted unless the rank kept its process through the minute before while an attempt
+    # showed there: it is that attempt's, first scraped a minute later (a rank new in both
+    # minutes, as in a restart a minute after the first attempt showed, counts in both)
+    twice = f"{duration_seconds(INTERVAL) * 2:g}s"
+    kept = (f"{_of_run(cfg, f'{KNOWN_START} offset {INTERVAL} == {KNOWN_START} offset {twice}')}"
+            f"\nand on ({RUN}) ({ATTEMPTS} offset {INTERVAL} > 0)")
+    counted = f"(\n{indent(attempt_ranks)}\n)\nunless on (job_name, rank) (\n{indent(kept)}\n)"
     # the latest attempt's earliest process start: set when it shows, lowered by its ranks
     # first seen later (the dashboards mark each attempt once, however its old ranks go stale)
     held = (f"last_over_time({ATTEMPT_START}[{LOOKBACK}] offset {INTERVAL})\n"
@@ -203,13 +270,14 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
            f"  or\n  max_over_time({LAST_EVENT}[{w}])\n)")
     per_minute = [
         *({"record": record, "expr": _last(cfg, name)} for name, record in SEEN.items()),
+        # before KNOWN_START is recorded: the subquery's last step may be this evaluation's
+        *({"record": record, "expr": _old_process(cfg, name)} for name, record in OLD.items()),
         {"record": PHASE_INCREASE,
-         "expr": f"avg by ({RUN}, phase) (\n"
-                 f"{indent(_of_run(cfg, _increase('mindformers_train_time_seconds_total')))}"
+         "expr": f"avg by ({RUN}, phase) (\n{indent(_of_run(cfg, _increase(account, True)))}"
                  "\n)"},
         {"record": STEPS_INCREASE,
          "expr": f"avg by ({RUN}) (\n"
-                 f"{indent(_of_run(cfg, _increase('mindformers_train_steps_total')))}\n)"},
+                 f"{indent(_of_run(cfg, _increase('mindformers_train_steps_total', True)))}\n)"},
         {"record": STEP_MIN, "expr": f"min by ({RUN}) (\n{indent(_of_run(cfg, step))}\n)"},
         # the earliest start of the run's processes
         {"record": PROCESS_START,
@@ -221,9 +289,7 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         # ranks may first be scraped in two minutes (a share of the ranks seen counted a first
         # attempt 1.5 times: its first rank was all the ranks seen then)
         {"record": ATTEMPTS,
-         "expr": f"(\n  count by ({RUN}) (\n{indent(attempt_ranks, '    ')}\n  ) * 0 + 1\n"
-                 f"  unless on ({RUN}) ({ATTEMPTS} offset {INTERVAL} > 0)\n)\n"
-                 f"or\n{PROCESS_START} * 0"},
+         "expr": f"count by ({RUN}) (\n{indent(counted)}\n) * 0 + 1\nor\n{PROCESS_START} * 0"},
         {"record": ATTEMPT_START, "expr": attempt_start},
         {"record": RESUME_STEP, "expr": f"max by ({RUN}) (\n{indent(_of_run(cfg, resumed))}\n)"},
         # an attempt that resumed from no later a step than the attempt before it
