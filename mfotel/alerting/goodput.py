@@ -180,17 +180,17 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     steps = _seen("mindformers_train_steps_total")
     # each rank's step as last scraped; 0 for a rank of the run that has completed no step yet
     # (steps but no step series): not left out of the step every rank has completed
-    step = (f"(\n  {_last(cfg, 'mindformers_train_step')}\n  or on (job_name, rank)\n"
+    step = (f"(\n  {_last(cfg, STEP)}\n  or on (job_name, rank)\n"
             f"  {steps} * 0\n)")
     w = cfg.goodput_run_window
     # the run's high-water mark: the highest step every rank had completed before the latest
-    # attempt began (taken in the minute it first showed, held until the next; 0 before the
-    # first): what a rank does at or below it was done before. A rank's steps of the minute
-    # above it are its step less the mark; the rest of its steps of the minute were redone
-    # ... the lowest rank's step before the minute, or its old process's last in it (a restart
-    # within the minute), whichever is higher
-    # (a new process's own step is none: its rank's step a minute before if it had one, the
-    # first attempt's ranks none)
+    # attempt began, taken in the minute it first showed and held until the next (0 in the
+    # first attempt): what a rank does at or below it was done before. It is the higher of the
+    # lowest rank's step in the records before the minute and the lowest rank's last step of
+    # its old process (read back for a restart within the minute; a new process's own step
+    # never counts: its rank's step a minute before does, the first attempt's ranks have none).
+    # A rank's steps of the minute above the mark are its step less the mark; the rest of its
+    # steps of the minute were redone
     old_step = (f"{OLD[STEP]}\nor on (job_name, rank)\n"
                 f"({step} unless on (job_name, rank) {_new_rank()})\nor on (job_name, rank)\n"
                 f"last_over_time({cfg.m(STEP)}[{LOOKBACK}] offset {INTERVAL})")
@@ -218,7 +218,7 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     first_step = (f"({steps0} > 0)\nunless on (job_name, rank) (\n"
                   f"  ({steps0_before} > 0)\n  and on (job_name, rank) "
                   f"{_same_process()}\n)")
-    resumed = (f"({_last(cfg, 'mindformers_train_step')} - {steps})\nand on (job_name, rank)\n"
+    resumed = (f"({_last(cfg, STEP)} - {steps})\nand on (job_name, rank)\n"
                f"{first_step}")
     # a rank's last event: its process start and its account (at its last scrape)
     account, start_name = "mindformers_train_time_seconds_total", \
@@ -285,9 +285,9 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": LAST_EVENT,
          "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, last_event))}\n)"},
         {"record": KNOWN_START, "expr": known_start},
-        # 1 when a new attempt shows this minute and none did the minute before: an attempt's
-        # ranks may first be scraped in two minutes (a share of the ranks seen counted a first
-        # attempt 1.5 times: its first rank was all the ranks seen then)
+        # 1 when a new attempt shows this minute (`counted`: an attempt's ranks first scraped
+        # in two minutes count once; a share of the ranks seen counted a first attempt 1.5
+        # times, its first rank being all the ranks seen then)
         {"record": ATTEMPTS,
          "expr": f"count by ({RUN}) (\n{indent(counted)}\n) * 0 + 1\nor\n{PROCESS_START} * 0"},
         {"record": ATTEMPT_START, "expr": attempt_start},
