@@ -93,16 +93,20 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
             f"last_over_time(mindformers_train_process_start_timestamp_seconds{ranks}{window})"
             f" + on (job_name, rank) sum by (job_name, rank) "
             f"(last_over_time(mindformers_train_time_seconds_total{ranks}{window}))", between)]
+        # the series' latest values over a few scrapes: a scrape that failed under load (a
+        # staleness marker) must not hide a rank at `now`
+        recent = "[10s]"
         starts = {float(r["value"][1]) for r in prom.query(
-            f"mindformers_train_process_start_timestamp_seconds{ranks}", now)}
+            f"last_over_time(mindformers_train_process_start_timestamp_seconds{ranks}{recent})",
+            now)}
         assert len(last_steps) == len(last_events) == RANKS
         high_water = min(last_steps)
         last = int(TIMING.warmup_seconds // TIMING.step_seconds)   # the kill came after it
         checkpoint = resume_step(last, TIMING)
         assert checkpoint == 16 and last - 1 <= high_water <= last, last_steps
         (start_2,) = starts
-        assert _one(prom, f'count({{__name__="mindformers_train_rank_info", {run}, '
-                          f'attempt="2"}})', now) == RANKS
+        assert _one(prom, f'count(last_over_time({{__name__="mindformers_train_rank_info", '
+                          f'{run}, attempt="2"}}{recent}))', now) == RANKS
         assert start_2 == pytest.approx(restarted, abs=1e-6), "started when scripted"
         downtime = sum(restarted - event for event in last_events) / RANKS
         assert TIMING.restart_pause_seconds < downtime < TIMING.restart_pause_seconds + 1.5
