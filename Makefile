@@ -21,7 +21,7 @@ demo:
 # and in every process of the jobs), so at most one worker per GiB available.
 TEST_WORKERS ?= $(shell cores=$$(nproc); \
     mem=$$(awk '/^MemAvailable:/ {print int($$2 / 1048576)}' /proc/meminfo); \
-    w=$$(( cores * 5 < mem ? cores * 5 : mem )); echo $$(( w < 1 ? 1 : w )))
+    w=$$(( cores * 6 < mem ? cores * 6 : mem )); echo $$(( w < 1 ? 1 : w )))
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope
 
 # Every worker collects the suite; pytest's rewrite of the tests' asserts is half of it (~4
