@@ -14,7 +14,9 @@ demo:
 # waiting out MindSpore's time-outs, one of 300 s) 10 workers took 14.5 min, ~1,300 CPU-s
 # (2026-12-06); the whole-job tests longest first and short work queued behind them, with the
 # goodput and sharded whole-job tests added, 12.1 min, ~1,140 CPU-s (the cores then ~80% busy:
-# 8 min needs ~900 CPU-s). Each test module
+# 8 min needs ~900 CPU-s); with the long time-out 120 s (from 300), 8 whole-job tests at once
+# and 12 workers, 11.1 min, ~1,120 CPU-s, the cores 84% busy: the suite is now bound by its CPU
+# (1,120 CPU-s on 2 cores is 9.3 min at best). Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
 # Memory bounds it too: at 10 workers the machine used at most 8.3 GB (MindSpore in every worker

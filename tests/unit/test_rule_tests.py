@@ -80,6 +80,15 @@ SETTINGS = {
 }
 
 
+#: Settings whose promtool run takes only the files they change (see below).
+EVERY_FILE_RUN_BY_OTHERS = frozenset({"one-threshold"})
+
+
+def _body(text: str) -> str:
+    """A rendered test file without its comments (the header names the settings)."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
 def promtool() -> str:
     path = find_binary(("promtool",))
     if path is None:
@@ -132,9 +141,17 @@ def test_assets_writes_rule_tests_that_promtool_passes(name, tmp_path):
             shipped = {p.name: p.read_bytes() for p in (ROOT / "prometheus" / folder).iterdir()}
             assert written == shipped, f"prometheus/{folder} is stale: run `make assets`"
         return
-    done = promtool_test(tests_dir)
+    names = sorted(rule_tests.templates())
+    if name in EVERY_FILE_RUN_BY_OTHERS:
+        # a file rendered as for the defaults (its header aside) does not depend on these
+        # settings: had it a hidden dependency, the looser and stricter runs, which move every
+        # setting and run every file, would fail it
+        defaults = render_rule_tests()
+        names = [n for n in names if _body((tests_dir / n).read_text()) != _body(defaults[n])]
+        assert names, "the setting changed no test: it is not tested here"
+    done = promtool_test(tests_dir, *names)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert done.stdout.count("SUCCESS") == len(rule_tests.templates())
+    assert done.stdout.count("SUCCESS") == len(names)
     header = (tests_dir / "stall-down-failed.yml").read_text().splitlines()[0]
     for key in SETTINGS[name]:
         assert f"{key}=" in header and "${" not in (tests_dir / "checkpoints.yml").read_text()
@@ -147,7 +164,7 @@ def test_the_rendered_tests_follow_the_settings(tmp_path):
     changed = assets(tmp_path / "changed", {"stall_seconds": "1800"})
     (changed / "stall-down-failed.yml").write_text(
         (default_tests / "stall-down-failed.yml").read_text())
-    done = promtool_test(changed, "stall-down-failed.yml")   # [one-threshold] runs them all
+    done = promtool_test(changed, "stall-down-failed.yml")   # [one-threshold]: what it changes
     assert done.returncode == 1 and "MindFormersTrainingStalled" in done.stdout + done.stderr
     stalled = yaml.safe_load((tmp_path / "default" / "prometheus" / "tests" /
                               "stall-down-failed.yml").read_text())["tests"][0]
