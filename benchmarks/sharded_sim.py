@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from mfotel.simulation.run import SIM_RULES, SimSettings, run_simulation
+from mfotel.simulation.run import SIM_RULES, SimSettings, firing_alerts, run_simulation
 from mfotel.simulation.scenario import Timing
 
 #: The server's metrics kept, by name (summed over their series).
@@ -128,6 +128,10 @@ def run_one(ranks: int, shards: int, interval: float) -> dict[str, Any]:
                        "deadline": round(c.expected.deadline, 1), "ok": c.ok}
                       for c in result.checks],
         "false_pages": len(result.unexpected), "after_stop": len(result.after_stop),
+        "unexpected_alerts": [f"{a.alertname} job_name={a.labels.get('job_name')} "
+                              f"rank={a.labels.get('rank', '-')}"
+                              for n in [*result.unexpected, *result.after_stop]
+                              for a in firing_alerts(n, "b")],
         "topology": None if topology is None else {
             "ok": topology.ok, "notifications": topology.notifications,
             "delay": topology.delay, "shard_ranks": topology.shard_ranks,

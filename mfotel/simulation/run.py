@@ -282,7 +282,8 @@ class IncidentCheck:
                 and self.delay <= e.deadline)
 
 
-def _firing(notification: Notification, prefix: str) -> list[Any]:
+def firing_alerts(notification: Notification, prefix: str) -> list[Any]:
+    """The firing alerts of `notification` for the simulation's jobs (named `prefix-...`)."""
     return [a for a in notification.alerts
             if a.firing and a.labels.get("job_name", "").startswith(prefix + "-")]
 
@@ -294,7 +295,7 @@ def new_after(received: Sequence[Notification], stopped: float,
     one (the others still listed as firing) is that incident ending, not a page."""
     def keys(n: Notification) -> set[tuple[str, str, str]]:
         return {(a.labels.get("job_name", ""), a.alertname, a.labels.get("rank", ""))
-                for a in _firing(n, prefix)}
+                for a in firing_alerts(n, prefix)}
     paged = set().union(*(keys(n) for n in received if n.received_at < stopped))
     return [n for n in received if n.received_at >= stopped and keys(n) - paged]
 
@@ -306,12 +307,12 @@ def check_notifications(expected: list[Expected], received: Iterable[Notificatio
     about a simulated job that has no incident (a false page)."""
     by_job: dict[str, list[Notification]] = {}
     for notification in received:
-        for job in {a.labels["job_name"] for a in _firing(notification, prefix)}:
+        for job in {a.labels["job_name"] for a in firing_alerts(notification, prefix)}:
             by_job.setdefault(job, []).append(notification)
     checks = []
     for item in expected:
         calls = by_job.get(item.job_name, [])
-        alerts = [a for call in calls for a in _firing(call, prefix)
+        alerts = [a for call in calls for a in firing_alerts(call, prefix)
                   if a.labels["job_name"] == item.job_name]
         checks.append(IncidentCheck(
             item, len(calls), tuple(sorted({a.alertname for a in alerts})),
@@ -565,7 +566,7 @@ def format_report(result: SimResult) -> str:
                      f"{len(t.others)} ({'yes' if t.ok else 'NO'})")
         lines += [f"  {other}" for other in t.others]
     for notification in [*result.unexpected, *result.after_stop]:
-        for alert in _firing(notification, s.prefix):
+        for alert in firing_alerts(notification, s.prefix):
             lines.append(f"  {alert.alertname} job_name={alert.labels.get('job_name')} "
                          f"rank={alert.labels.get('rank', '-')} ({alert.labels.get('severity')})")
     return "\n".join(lines)
