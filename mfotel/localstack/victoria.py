@@ -45,9 +45,11 @@ class VictoriaMetrics(_Server):
                 "-search.maxConcurrentRequests=16", "-search.maxQueueDuration=60s",
                 "-loggerLevel=WARN", *extra]
 
-    def query(self, expr: str) -> list[dict]:
-        """Instant query now; the `result` list (RuntimeError on an API error)."""
-        data = http_get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    def query(self, expr: str, time_: float | None = None) -> list[dict]:
+        """Instant query (now, or at unix time `time_`); the `result` list (RuntimeError on an
+        API error)."""
+        params = {"query": expr} if time_ is None else {"query": expr, "time": f"{time_:.3f}"}
+        data = http_get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
         if data.get("status") != "success":
             raise RuntimeError(f"query {expr!r} failed: {data}")
         return data["data"]["result"]

@@ -23,19 +23,13 @@ from mfotel.alerting.rules import write_rules
 from mfotel.dashboards.queries import ALL, dashboard_queries, substitute
 from mfotel.localstack.alerting import shipped_files
 from mfotel.localstack.servers import Prometheus
-from mfotel.simulation.attempts import only_jobs, restart_job, resume_step
-from mfotel.simulation.run import SimSettings, Simulation
-from mfotel.simulation.scenario import Timing
+from mfotel.simulation.attempts import resume_step
 from mfotel.simulation.stack import prometheus_config
 from tests.support.paths import ROOT
+from tests.support.restart_sim import AFTER_RESTART, RANKS, TIMING, restart_run
 from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
-
-TIMING = Timing(step_seconds=1.0, startup_seconds=2.0, warmup_seconds=20.5,
-                linger_seconds=3.0, checkpoint_steps=8, restart_pause_seconds=4.0)
-AFTER_RESTART = 12.0   # seconds of the second attempt's steps before the checks
-RANKS = 8
 
 
 def _prometheus(workdir: Path, file_sd: Path) -> Prometheus:
@@ -55,22 +49,13 @@ def _one(prom: Prometheus, expr: str, at: float | None = None) -> float:
 
 
 def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downtime(tmp_path):
-    # 32 ranks for the scenario's plan, which only_jobs replaces by the restarted job
-    settings = SimSettings(ranks=32, ranks_per_node=4, prefix="gp", timing=TIMING,
-                           interval=1.0, workdir=tmp_path)
-    sim = Simulation(settings, tmp_path, lambda labels: 0.0)
-    job = restart_job([], nodes=2, ranks_per_node=4, prefix="gp")
-    only_jobs(sim, [job])
-    # Simulation made the targets folder: Prometheus watches it from its start
+    planned = restart_run(tmp_path, "gp")
+    job = planned.job
     prom = _prometheus(tmp_path, tmp_path / "targets" / "*.json").start()
     try:
-        sim.start()
-        start = sim.go()
-        killed = start + TIMING.fault_at
-        restarted = killed + TIMING.restart_pause_seconds
-        # a configured run: its id and attempt on rank_info, as with `run.id`
-        run = f'job_name="{job.name}", run_id="{job.name}-run"'
-        ranks = f'{{job_name="{job.name}"}}'
+        planned.go()
+        start, restarted, run, ranks = (planned.start, planned.restarted, planned.run,
+                                        planned.ranks)
         scraped = f"count(mindformers_train_step{ranks})"
         wait_for(lambda: prom.query(scraped) and _one(prom, scraped) == RANKS,
                  settle(TIMING.startup_seconds + 10), 0.5, "every rank scraped")
@@ -121,8 +106,9 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
         assert recorded["recomputed"] > 0 and recorded["startup"] > TIMING.startup_seconds
         wall = _one(prom, f"{goodput.WALL}{{{run}}}", now)
         assert sum(recorded.values()) == pytest.approx(wall, abs=1e-6)
-        # the ranks run: what is not accounted yet is the step in progress (< a step + scrape)
-        assert 0 <= recorded[goodput.UNACCOUNTED] < 2.5 * TIMING.step_seconds
+        # the ranks run: what is not accounted yet is the step in progress (< a step + scrape);
+        # -21 ms seen once beside another stack: the ranks' and the ruler's clock reads
+        assert -0.1 <= recorded[goodput.UNACCOUNTED] < 2.5 * TIMING.step_seconds
 
         # the dashboards' attempt marks: each attempt at its processes' first start
         overview = json.loads((ROOT / "grafana" / "dashboards" /
@@ -143,6 +129,6 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
                                                                           reverse=True), changes
     finally:
         try:
-            sim.stop()
+            planned.sim.stop()
         finally:
             prom.stop()

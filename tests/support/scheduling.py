@@ -33,6 +33,7 @@ WHOLE_JOB = frozenset({
     "tests/e2e/test_cascades_msrun.py",
     "tests/e2e/test_cluster_sim_e2e.py",
     "tests/e2e/test_goodput_restart_msrun.py",
+    "tests/e2e/test_goodput_sharded.py",
     "tests/e2e/test_job_truth_msrun.py",
     "tests/e2e/test_node_agent_msrun.py",
     "tests/e2e/test_sharded_topology_e2e.py",

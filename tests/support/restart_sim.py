@@ -1,0 +1,58 @@
+"""The simulated restart the goodput tests watch (tests/e2e/test_goodput_sim_restart.py with
+one Prometheus, tests/e2e/test_goodput_sharded.py with the sharded topology): one job of 8
+simulated ranks (2 nodes), a step a second, a checkpoint every 8 steps, every rank SIGKILLed
+20.5 s into training and its next process started 4 s later on the same port with the same run
+id, 2 s of start-up, resuming after the last checkpoint."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mfotel.simulation.attempts import only_jobs, restart_job
+from mfotel.simulation.run import SimSettings, Simulation
+from mfotel.simulation.scenario import SimJob, Timing
+
+TIMING = Timing(step_seconds=1.0, startup_seconds=2.0, warmup_seconds=20.5,
+                linger_seconds=3.0, checkpoint_steps=8, restart_pause_seconds=4.0)
+AFTER_RESTART = 12.0   # seconds of the second attempt's steps before the checks
+RANKS = 8
+
+
+@dataclass
+class RestartRun:
+    """The simulation (its targets in `workdir`/targets), its job and, once started, its
+    clock."""
+
+    sim: Simulation
+    job: SimJob
+    start: float = 0.0
+
+    @property
+    def restarted(self) -> float:
+        """When the second attempt's processes start (unix time)."""
+        return self.start + TIMING.fault_at + TIMING.restart_pause_seconds
+
+    @property
+    def run(self) -> str:
+        """The matchers of the run's goodput records (its id as with `run.id`)."""
+        return f'job_name="{self.job.name}", run_id="{self.job.name}-run"'
+
+    @property
+    def ranks(self) -> str:
+        """A selector of the job's rank series."""
+        return f'{{job_name="{self.job.name}"}}'
+
+    def go(self) -> None:
+        self.sim.start()
+        self.start = self.sim.go()
+
+
+def restart_run(workdir: Path, prefix: str) -> RestartRun:
+    """The restarted job alone (32 ranks for the scenario's plan, which only_jobs replaces);
+    the Simulation makes the targets folder, so a Prometheus started next watches it."""
+    settings = SimSettings(ranks=32, ranks_per_node=4, prefix=prefix, timing=TIMING,
+                           interval=1.0, workdir=workdir)
+    sim = Simulation(settings, workdir, lambda labels: 0.0)
+    job = restart_job([], nodes=2, ranks_per_node=4, prefix=prefix)
+    only_jobs(sim, [job])
+    return RestartRun(sim, job)
