@@ -241,6 +241,7 @@ def test_a_clean_finish_with_long_end_work_pages_nobody(tmp_path):
     with _job(tmp_path, "none", steps=150, step_sleep=STEP_SLEEP, end_work=end_work,
               end_work_rank=0, linger_seconds=5) as job:
         seen = job.watch()
+        job.wait_running()   # scraped: "nothing paged" must not hold for a job never seen
         wait_for(job.processes_gone, settle(300 + end_work), 1.0, "the job completed",
                  details=job.log_tail)
         time.sleep(15)
