@@ -79,6 +79,18 @@ def required_binary(names: Sequence[str], package: str) -> str:
     return binary
 
 
+def instant_query(url: str, expr: str, time_: float | None = None) -> list[dict]:
+    """The Prometheus query API at `url` (Prometheus, VictoriaMetrics): an instant query, now
+    or at unix time `time_`; the `result` list (RuntimeError on an API error)."""
+    params = {"query": expr}
+    if time_ is not None:
+        params["time"] = f"{time_:.3f}"
+    data = http_get_json(f"{url}/api/v1/query?{urllib.parse.urlencode(params)}")
+    if data.get("status") != "success":
+        raise RuntimeError(f"query {expr!r} failed: {data}")
+    return data["data"]["result"]
+
+
 def http_get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read().decode())
@@ -166,13 +178,7 @@ class Prometheus(_Server):
 
     def query(self, expr: str, time_: float | None = None) -> list[dict]:
         """Instant query; returns the `result` list (raises on an API error)."""
-        params = {"query": expr}
-        if time_ is not None:
-            params["time"] = f"{time_:.3f}"
-        data = http_get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
-        if data.get("status") != "success":
-            raise RuntimeError(f"query {expr!r} failed: {data}")
-        return data["data"]["result"]
+        return instant_query(self.url, expr, time_)
 
     def targets(self) -> list[dict]:
         return http_get_json(f"{self.url}/api/v1/targets")["data"]["activeTargets"]

@@ -6,11 +6,10 @@
 from __future__ import annotations
 
 import shutil
-import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
-from .servers import _Server, http_get_json, required_binary
+from .servers import _Server, http_get_json, instant_query, required_binary
 
 
 class VictoriaMetrics(_Server):
@@ -48,11 +47,7 @@ class VictoriaMetrics(_Server):
     def query(self, expr: str, time_: float | None = None) -> list[dict]:
         """Instant query (now, or at unix time `time_`); the `result` list (RuntimeError on an
         API error)."""
-        params = {"query": expr} if time_ is None else {"query": expr, "time": f"{time_:.3f}"}
-        data = http_get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
-        if data.get("status") != "success":
-            raise RuntimeError(f"query {expr!r} failed: {data}")
-        return data["data"]["result"]
+        return instant_query(self.url, expr, time_)
 
 
 class VMAlert(_Server):
