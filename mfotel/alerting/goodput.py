@@ -76,7 +76,7 @@ JOB_GOODPUT = "job_name:mindformers_train_goodput:ratio1h"
 RUN = "job_name, run_id"
 
 
-def _of_run(cfg: RulesConfig, expr: str) -> str:
+def of_run(cfg: RulesConfig, expr: str) -> str:
     """`expr` (per rank) with the run_id of the rank's rank_info: the live one, else its last
     within LOOKBACK (a killed rank's last scrapes stay its run's)."""
     info = cfg.m("mindformers_train_rank_info")
@@ -171,7 +171,7 @@ def _old_process(cfg: RulesConfig, name: str) -> str:
 def _running(cfg: RulesConfig) -> str:
     """Runs with a rank initialising or running now."""
     status = cfg.m("mindformers_train_status")
-    return f"count by ({RUN}) (\n{indent(_of_run(cfg, f'{status} <= 1'))}\n)"
+    return f"count by ({RUN}) (\n{indent(of_run(cfg, f'{status} <= 1'))}\n)"
 
 
 def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
@@ -194,7 +194,7 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     old_step = (f"{OLD[STEP]}\nor on (job_name, rank)\n"
                 f"({step} unless on (job_name, rank) {_new_rank()})\nor on (job_name, rank)\n"
                 f"last_over_time({cfg.m(STEP)}[{LOOKBACK}] offset {INTERVAL})")
-    old_step_min = f"min by ({RUN}) (\n{indent(_of_run(cfg, old_step))}\n)"
+    old_step_min = f"min by ({RUN}) (\n{indent(of_run(cfg, old_step))}\n)"
     before_attempt = (f"max by ({RUN}) (\n"
                       f"  label_replace(max_over_time({STEP_MIN}[{w}] offset {INTERVAL}), "
                       f'"of", "records", "", "")\n  or\n'
@@ -204,9 +204,9 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                   f"  and on ({RUN}) ({ATTEMPTS} > 0)\n)\nor\n"
                   f"(\n  last_over_time({HIGH_WATER}[{LOOKBACK}] offset {INTERVAL})\n"
                   f"  and on ({RUN}) {STEP_MIN}\n)\nor\n{STEP_MIN} * 0")
-    above = (f"clamp_min(\n{indent(_of_run(cfg, step))}\n  - on ({RUN}) group_left ()\n"
+    above = (f"clamp_min(\n{indent(of_run(cfg, step))}\n  - on ({RUN}) group_left ()\n"
              f"  {HIGH_WATER},\n  0\n)")
-    redone = (f"clamp_min(\n{indent(_of_run(cfg, _increase('mindformers_train_steps_total')))}"
+    redone = (f"clamp_min(\n{indent(of_run(cfg, _increase('mindformers_train_steps_total')))}"
               f"\n  - on (job_name, rank) group_left ()\n{indent(above)},\n  0\n)")
     step_time = f'sum without (phase) ({PHASE_INCREASE}{{phase="step"}})'
     recomputed_time = (f"(\n  {step_time}\n  * {RECOMPUTED_STEPS}\n  / ({STEPS_INCREASE} > 0)\n"
@@ -238,21 +238,21 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                    f"last_over_time({KNOWN_START}[{LOOKBACK}] offset {INTERVAL})\n"
                    f"and on (job_name)\nlast_over_time({LAST_EVENT}[{w}])")
     # a new attempt: a rank restarted, or the run's first processes
-    first = (f"{_of_run(cfg, new_rank)}\nunless on ({RUN})\n"
+    first = (f"{of_run(cfg, new_rank)}\nunless on ({RUN})\n"
              f"max_over_time({PROCESS_START}[{w}] offset {INTERVAL})")
-    attempt_ranks = f"{_of_run(cfg, restarted)}\nor\n{first}"
+    attempt_ranks = f"{of_run(cfg, restarted)}\nor\n{first}"
     # ... counted unless the rank kept its process through the minute before while an attempt
     # showed there: it is that attempt's, first scraped a minute later (a rank new in both
     # minutes, as in a restart a minute after the first attempt showed, counts in both)
     twice = f"{duration_seconds(INTERVAL) * 2:g}s"
-    kept = (f"{_of_run(cfg, f'{KNOWN_START} offset {INTERVAL} == {KNOWN_START} offset {twice}')}"
+    kept = (f"{of_run(cfg, f'{KNOWN_START} offset {INTERVAL} == {KNOWN_START} offset {twice}')}"
             f"\nand on ({RUN}) ({ATTEMPTS} offset {INTERVAL} > 0)")
     counted = f"(\n{indent(attempt_ranks)}\n)\nunless on (job_name, rank) (\n{indent(kept)}\n)"
     # the latest attempt's earliest process start: set when it shows, lowered by its ranks
     # first seen later (the dashboards mark each attempt once, however its old ranks go stale)
     held = (f"last_over_time({ATTEMPT_START}[{LOOKBACK}] offset {INTERVAL})\n"
             f"and on ({RUN}) {PROCESS_START}")
-    seen_now = f"min by ({RUN}) (\n{indent(_of_run(cfg, new_rank))}\n)"
+    seen_now = f"min by ({RUN}) (\n{indent(of_run(cfg, new_rank))}\n)"
     attempt_start = (f"(\n  min by ({RUN}) (\n{indent(attempt_ranks, '    ')}\n  )\n"
                      f"  and on ({RUN}) ({ATTEMPTS} > 0)\n)\nor\n"
                      f"(\n{indent(held)}\n  <=\n{indent(seen_now)}\n)\nor\n"
@@ -262,10 +262,10 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     known = (f"clamp_min(\n  ({indent(new_rank, '  ').strip()})\n  - on (job_name, rank)\n"
              f"  ({indent(last_event_before, '  ').strip()}),\n  0\n)")
     unknown = f"({restarted})\nunless on (job_name, rank)\n({last_event_before})"
-    rank_downtime = (f"{_of_run(cfg, known)}\nor\nclamp_min(\n{indent(_of_run(cfg, unknown))}\n"
+    rank_downtime = (f"{of_run(cfg, known)}\nor\nclamp_min(\n{indent(of_run(cfg, unknown))}\n"
                      f"  - on ({RUN}) group_left ()\n  last_over_time({LAST_EVENT}[{w}] offset "
                      f"{INTERVAL}),\n  0\n)")
-    ranks = f"count by ({RUN}) (\n{indent(_of_run(cfg, start))}\n)"
+    ranks = f"count by ({RUN}) (\n{indent(of_run(cfg, start))}\n)"
     end = (f"(\n  {PROCESS_START} * 0 + time()\n  and on ({RUN})\n{indent(_running(cfg), '  ')}\n"
            f"  or\n  max_over_time({LAST_EVENT}[{w}])\n)")
     per_minute = [
@@ -273,17 +273,17 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         # before KNOWN_START is recorded: the subquery's last step may be this evaluation's
         *({"record": record, "expr": _old_process(cfg, name)} for name, record in OLD.items()),
         {"record": PHASE_INCREASE,
-         "expr": f"avg by ({RUN}, phase) (\n{indent(_of_run(cfg, _increase(account, True)))}"
+         "expr": f"avg by ({RUN}, phase) (\n{indent(of_run(cfg, _increase(account, True)))}"
                  "\n)"},
         {"record": STEPS_INCREASE,
          "expr": f"avg by ({RUN}) (\n"
-                 f"{indent(_of_run(cfg, _increase('mindformers_train_steps_total', True)))}\n)"},
-        {"record": STEP_MIN, "expr": f"min by ({RUN}) (\n{indent(_of_run(cfg, step))}\n)"},
+                 f"{indent(of_run(cfg, _increase('mindformers_train_steps_total', True)))}\n)"},
+        {"record": STEP_MIN, "expr": f"min by ({RUN}) (\n{indent(of_run(cfg, step))}\n)"},
         # the earliest start of the run's processes
         {"record": PROCESS_START,
-         "expr": f"min by ({RUN}) (\n{indent(_of_run(cfg, start))}\n)"},
+         "expr": f"min by ({RUN}) (\n{indent(of_run(cfg, start))}\n)"},
         {"record": LAST_EVENT,
-         "expr": f"avg by ({RUN}) (\n{indent(_of_run(cfg, last_event))}\n)"},
+         "expr": f"avg by ({RUN}) (\n{indent(of_run(cfg, last_event))}\n)"},
         {"record": KNOWN_START, "expr": known_start},
         # 1 when a new attempt shows this minute (`counted`: an attempt's ranks first scraped
         # in two minutes count once; a share of the ranks seen counted a first attempt 1.5
@@ -291,7 +291,7 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": ATTEMPTS,
          "expr": f"count by ({RUN}) (\n{indent(counted)}\n) * 0 + 1\nor\n{PROCESS_START} * 0"},
         {"record": ATTEMPT_START, "expr": attempt_start},
-        {"record": RESUME_STEP, "expr": f"max by ({RUN}) (\n{indent(_of_run(cfg, resumed))}\n)"},
+        {"record": RESUME_STEP, "expr": f"max by ({RUN}) (\n{indent(of_run(cfg, resumed))}\n)"},
         # an attempt that resumed from no later a step than the attempt before it
         {"record": RESTARTS_NO_PROGRESS,
          "expr": f"{RESUME_STEP}\n<= bool\nlast_over_time({RESUME_STEP}[{WINDOW}] offset "
@@ -365,7 +365,7 @@ def goodput_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
               f"sum_over_time({RESTARTS_NO_PROGRESS}[{WINDOW}]) >= "
               f"{cfg.restart_storm_restarts}\n"
               # the attempt running now saved a checkpoint: progress again
-              f"unless on ({RUN}) (max by ({RUN}) (\n{indent(_of_run(cfg, checkpoints))}\n) > 0)",
+              f"unless on ({RUN}) (max by ({RUN}) (\n{indent(of_run(cfg, checkpoints))}\n) > 0)",
               "0m", "warning",
               "A run keeps restarting without its checkpointed step advancing.",
               "{{ $value }} attempt(s) of " + RUN_OF + f" within the last {WINDOW} resumed "

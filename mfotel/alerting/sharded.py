@@ -24,6 +24,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from . import goodput
 from .cascade import (
     CULPRIT,
     DEPARTURES,
@@ -33,6 +34,7 @@ from .cascade import (
     outside_record,
     stalled_ranks,
 )
+from .goodput_sharded import global_goodput_alerts, global_goodput_records, shard_goodput_records
 from .promql import alert, indent, step_interval_record
 from .rules import (
     IN_STEP,
@@ -52,6 +54,10 @@ SCRAPER_FILE = "mindformers-scraper.yml"
 #: how long it takes its records to reach the store (vmalert -remoteWrite.flushInterval).
 RULER_INTERVAL = "15s"
 RULER_FLUSH_SECONDS = 1.0
+#: How long the store takes to serve a series it did not hold before (VictoriaMetrics 1.79 on
+#: loopback: 8-10 s; a new sample of a series it holds, ~2 s). An incident's records (its
+#: departures, its culprit) are new series: each link of the global chain waits that long.
+STORE_NEW_SERIES_SECONDS = 10.0
 GLOBAL_FILE = "mindformers-global.yml"
 #: The external label each shard's samples carry into the store (its `global.external_labels`).
 SHARD_LABEL = "shard"
@@ -75,6 +81,9 @@ SHARD_RANKS = "shard_job_name:mfotel_scraper_ranks:count"
 #: Recorded globally: shards whose heartbeat stopped, and the ranks last seen through them.
 SHARD_DOWN = "shard:mfotel_scraper_down:bool"
 UNSEEN = "job_name_rank:mfotel_rank_scraper_down:bool"
+#: A rank last scraped this long before its stopped shard's last scrape of any rank went
+#: with the shard (longer than a scrape interval); one that vanished earlier left on its own.
+WENT_WITH_SHARD = "1m"
 #: The condition of a culprit page kept firing (`page`: the alert), recorded globally.
 KEPT = "job_name_rank:mfotel_culprit_page:condition"
 
@@ -133,7 +142,6 @@ def scraper_meta(cfg: RulesConfig) -> list[dict[str, Any]]:
 def global_meta(cfg: RulesConfig) -> list[dict[str, Any]]:
     """Shards whose heartbeat stopped, the ranks they held, and the shard's page."""
     lookback = cfg.rank_down_lookback
-    status = cfg.m("mindformers_train_status")
     share = (f"last_over_time({SHARD_RANKS}{{{SHARD_LABEL}='%s'}}[{lookback}]) / on (job_name) "
              f"group_left () sum by (job_name) (last_over_time({SHARD_RANKS}[{lookback}]))")
     jobs = ("{{ range printf \"" + share + "\" $labels." + SHARD_LABEL + " | query }} job "
@@ -142,8 +150,14 @@ def global_meta(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": SHARD_DOWN,
          "expr": f"max by ({SHARD_LABEL}) (last_over_time({HEARTBEAT}[{lookback}]))\n"
                  f"unless on ({SHARD_LABEL}) max by ({SHARD_LABEL}) ({HEARTBEAT})"},
+        # the ranks a stopped shard still scraped near its end (within WENT_WITH_SHARD of its
+        # last scrape of any rank); a rank that vanished before, as an incident's culprit, left
+        # while the shard still sent: its departure stands
         {"record": UNSEEN,
-         "expr": f"max by (job_name, rank) (\n  last_over_time({status}[{lookback}])\n"
+         "expr": f"max by (job_name, rank) (\n  last_over_time({SCRAPED}[{lookback}])\n"
+                 f"  >= on ({SHARD_LABEL}) group_left ()\n"
+                 f"  (max by ({SHARD_LABEL}) (last_over_time({SCRAPED}[{lookback}])) - "
+                 f"{duration_seconds(WENT_WITH_SHARD):g})\n"
                  f"  and on ({SHARD_LABEL}) {SHARD_DOWN}\n) * 0 + 1"},
     ]}, {"name": "mfotel-topology.alerts", "rules": [
         alert(cfg, "MindFormersScraperDown",
@@ -223,9 +237,32 @@ def _shard_aware(rule: dict[str, Any], cfg: RulesConfig, stall_gate: float) -> d
     return rule
 
 
+GOODPUT_RULES = "mindformers-goodput.rules"
+GOODPUT_ALERTS = "mindformers-goodput.alerts"
+
+
+def _goodput(groups: list[dict[str, Any]], records: list[dict[str, Any]],
+             alerts: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """`groups` with the goodput group's records replaced by `records` and its alerts by
+    `alerts` (None: the alerts' group dropped): the chain runs on the shards
+    (mfotel.alerting.goodput_sharded)."""
+    out = []
+    for group in groups:
+        if group["name"] == GOODPUT_RULES:
+            out.append({**group, "rules": records})
+        elif group["name"] == GOODPUT_ALERTS:
+            if alerts is not None:
+                out.append({**group, "rules": alerts})
+        else:
+            out.append(group)
+    return out
+
+
 def scraper_groups(cfg: RulesConfig) -> list[dict[str, Any]]:
-    return [*_split(recording_rules(cfg), cfg, True), *_split(alerting_rules(cfg), cfg, True),
-            *scraper_meta(cfg)]
+    recording = _goodput(_split(recording_rules(cfg), cfg, True), [], None)
+    shard_goodput = [{"name": GOODPUT_RULES, "interval": goodput.INTERVAL,
+                      "rules": shard_goodput_records(cfg)}]
+    return [*recording, *shard_goodput, *_split(alerting_rules(cfg), cfg, True), *scraper_meta(cfg)]
 
 
 def global_groups(cfg: RulesConfig, ruler_interval: str | None = RULER_INTERVAL
@@ -233,20 +270,27 @@ def global_groups(cfg: RulesConfig, ruler_interval: str | None = RULER_INTERVAL
     """The global part, for a ruler evaluating every `ruler_interval` (None: as if it read
     its own records at once)."""
     gate = 0.0 if ruler_interval is None else stall_gate_seconds(cfg, ruler_interval)
-    groups = [*global_meta(cfg), *_split(recording_rules(cfg), cfg, False),
-              *_split(alerting_rules(cfg), cfg, False)]
+    groups = _goodput([*global_meta(cfg), *_split(recording_rules(cfg), cfg, False),
+                       *_split(alerting_rules(cfg), cfg, False)],
+                      global_goodput_records(cfg), global_goodput_alerts(cfg))
     return [{**g, "rules": [kept for r in g["rules"]
                             for kept in _kept_firing(_shard_aware(r, cfg, gate))]}
             for g in groups]
 
 
+def record_lag_seconds(ruler_interval: float) -> float:
+    """How long after an evaluation the ruler can read a new series it recorded there: its
+    flush, the store's delay for a new series, and the next evaluation."""
+    return ruler_interval + RULER_FLUSH_SECONDS + STORE_NEW_SERIES_SECONDS
+
+
 def stall_gate_seconds(cfg: RulesConfig, ruler_interval: str) -> float:
     """How much longer the global part counts a stall: the culprit comes through a chain of
-    records, each read an evaluation and a flush later (and one more evaluation to spare);
-    a rank waited for departs `departure_seconds` after it stopped, so the stall's own
-    threshold gives the chain that long already."""
-    lag = (global_depths(cfg)[CULPRIT] + 1) * (duration_seconds(ruler_interval)
-                                               + RULER_FLUSH_SECONDS)
+    new records, each read `record_lag_seconds` later (and one more link to spare); a rank
+    waited for departs `departure_seconds` after it stopped, so the stall's own threshold
+    gives the chain that long already."""
+    lag = (global_depths(cfg)[CULPRIT] + 1) * record_lag_seconds(
+        duration_seconds(ruler_interval))
     head_start = cfg.stall_seconds + duration_seconds(cfg.stall_for) - cfg.departure_seconds
     return max(0.0, lag - head_start)
 

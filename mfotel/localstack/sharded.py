@@ -36,6 +36,7 @@ from ..alerting.sharded import (
     SCRAPER_FILE,
     SHARD_LABEL,
     global_depths,
+    record_lag_seconds,
 )
 from ..assets import alertmanager_files, sharded_rule_files, write_files
 from .alerting import operator_alertmanager_config, shipped_files
@@ -227,8 +228,8 @@ def detection_seconds(interval: float, rules: RulesConfig) -> float:
 def global_page_lag(alertname: str, rules: RulesConfig, interval: float) -> float:
     """Seconds a page of the global part may come later than the same page from one
     Prometheus: a shard's remote_write deadline, then each of the ruler's own records read
-    one after another (global_depths) an evaluation and a flush later, and an Alertmanager
-    taking over from a dead peer (its peer timeout)."""
+    one after another (global_depths), each a new series read `record_lag_seconds` later,
+    and an Alertmanager taking over from a dead peer (its peer timeout)."""
     depth = global_depths(rules).get(alertname, 0)
-    return REMOTE_WRITE_SECONDS + depth * (interval + FLUSH_SECONDS) + duration_seconds(
+    return REMOTE_WRITE_SECONDS + depth * record_lag_seconds(interval) + duration_seconds(
         PEER_TIMEOUT)

@@ -472,7 +472,8 @@ def run_simulation(settings: SimSettings) -> SimResult:
                         topology.at_faults(now)
                     if not missing and now >= start + settings.timing.fault_at \
                             and topology.check.killed_at is None:
-                        topology.after_pages(now)
+                        topology.after_pages(now, [(e.job_name, rank) for e in sim.expected
+                                                   for rank in e.ranks])
                         end = max(end, now + topology_quiet_seconds(settings))
                     topology.read(webhook.notifications_seen)
                 if now >= end and not missing and (topology is None or not topology.waiting):

@@ -3,7 +3,8 @@ they must page (docs/scaling.md, section 7).
 
 - one Alertmanager of the clustered pair is killed as the jobs' faults begin: every fault
   still pages exactly once, through the other;
-- one Prometheus shard is killed once every job's fault has paged: one
+- one Prometheus shard is killed once every job's fault has paged (the shard that scraped
+  most of the ranks the pages named, so its incidents must keep their culprits): one
   `MindFormersScraperDown` naming it (and each job's share of ranks it held), and nothing
   else: its ranks never page as down, missing or stalled, no incident pages again.
 """
@@ -26,6 +27,7 @@ class TopologyCheck:
     killed_at: float | None = None
     alertmanager_killed_at: float | None = None
     shard_ranks: int = 0            # rank targets the killed shard scraped
+    held_named: int = 0             # ranks named by the incidents' pages it scraped
     notifications: int = 0          # firing calls naming SCRAPER_DOWN
     shards_named: tuple[str, ...] = ()
     description: str = ""
@@ -52,13 +54,24 @@ class TopologyFaults:
             self.stack.kill_alertmanager(0)
             self.check.alertmanager_killed_at = now
 
-    def after_pages(self, now: float) -> None:
-        """Every incident has paged: kill the last shard."""
+    def after_pages(self, now: float, named: Sequence[tuple[str, str]] = ()) -> None:
+        """Every incident has paged: kill the shard that scraped most of the ranks the pages
+        named (`named`: job name, rank; the last shard of a tie), so that its incidents must
+        keep their culprits and not page again."""
         if self.kill_scraper and self.check.killed_at is None:
-            shard = self.stack.shards - 1
+            held = [self._held(shard, set(named)) for shard in range(self.stack.shards)]
+            shard = max(range(self.stack.shards), key=lambda s: (held[s], s))
+            self.check.held_named = held[shard]
             self.check.shard_ranks = len(self.stack.scraped_targets(shard))
             self.stack.kill_scraper(shard)
             self.check.killed_shard, self.check.killed_at = str(shard), now
+
+    def _held(self, shard: int, named: set[tuple[str, str]]) -> int:
+        """How many of `named` (job name, rank) shard `shard` scraped within the last hour."""
+        rows = self.stack.scrapers[shard].query(
+            "max by (job_name, rank) (last_over_time(mindformers_train_status[1h]))")
+        return sum((r["metric"].get("job_name", ""), r["metric"].get("rank", "")) in named
+                   for r in rows)
 
     @property
     def waiting(self) -> bool:

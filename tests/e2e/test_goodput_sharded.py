@@ -1,7 +1,8 @@
 """Goodput on the sharded topology: the simulated restart of tests/support/restart_sim.py
-scraped by two Prometheus shards by target that remote_write to VictoriaMetrics,
-its goodput records evaluated by the real vmalert over the store (the global part of
-`mfotel rules --topology sharded`): MetricsQL must account the run as one Prometheus does.
+scraped by two Prometheus shards by target that remote_write to VictoriaMetrics: each shard
+accounts its own ranks, the real vmalert combines the shards' accounts over the store (the
+two parts of `mfotel rules --topology sharded`, mfotel/alerting/goodput_sharded.py): the run
+must be accounted as one Prometheus accounts it.
 
 The truth is read from the raw series in the store (what a record can know: each rank's last
 scrape before the kill), as the unsharded test reads it from Prometheus.
@@ -13,6 +14,7 @@ import time
 import pytest
 
 from mfotel.alerting import goodput
+from mfotel.alerting.goodput_sharded import ATTEMPTS_TOTAL, shard
 from mfotel.alerting.rules import RulesConfig
 from mfotel.localstack.servers import http_get_json
 from mfotel.localstack.sharded import ShardedStack
@@ -22,21 +24,6 @@ from tests.support.restart_sim import AFTER_RESTART, RANKS, TIMING, restart_run
 from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
-
-#: Why the test fails today (found by it, 2026-12-06; issue 36 stays open for it): vmalert
-#: writes a record to the store a flush after its evaluation, so a rule reads the records
-#: before it in its group from the group's previous evaluation; the store forgets a series
-#: 2.5 scrape intervals after its last sample (so that a killed shard's ranks vanish: a
-#: killed Prometheus sends no staleness markers), which is shorter than the goodput group's
-#: interval (1m shipped, 5 s here). Every goodput record past the first three reads nothing
-#: and records nothing: with the store's staleness at 12 s the chain records again (a debug
-#: run). Running the goodput group at the ruler's interval (1 s here) is not the fix: its
-#: records came back, but the restart counted no attempt and no downtime (each record reads
-#: the ones before it an evaluation late). The fix needs the goodput part written for a ruler
-#: whose records arrive an evaluation late.
-STALE_RECORDS = ("the store forgets the goodput group's records between its evaluations "
-                 "(staleness 2.5 scrape intervals < the group's interval): issue 36")
-
 
 def _values(store: VictoriaMetrics, expr: str, at: float | None = None) -> list[float]:
     return [float(row["value"][1]) for row in store.query(expr, at)]
@@ -51,14 +38,17 @@ def _diagnosis(stack: ShardedStack, run: str) -> str:
     """What the store holds of the goodput records, and vmalert's rule errors."""
     assert stack.store is not None and stack.ruler is not None
     held = {name: stack.store.query(f"{name}{{{run}}}")
-            for name in (goodput.ATTEMPTS, goodput.WALL, goodput.CATEGORY_TOTAL)}
+            for name in (goodput.WALL, goodput.CATEGORY_TOTAL)}
+    # the attempts' records over the last minute, the global's and the shards'
+    held.update({name: [(r["metric"].get("shard"), r["values"])
+                        for r in stack.store.query(f"{name}{{{run}}}[1m]")]
+                 for name in (goodput.ATTEMPTS, ATTEMPTS_TOTAL, shard(ATTEMPTS_TOTAL))})
     rules = http_get_json(f"{stack.ruler.url}/api/v1/rules")["data"]["groups"]
     errors = [(g["name"], r.get("name"), r.get("lastError")) for g in rules
               for r in g.get("rules", []) if r.get("lastError")]
     return f"store: {held}; vmalert errors: {errors[:10]}"
 
 
-@pytest.mark.xfail(strict=True, reason=STALE_RECORDS)
 def test_vmalert_accounts_a_restart_over_two_shards_as_one_prometheus_does(tmp_path):
     planned = restart_run(tmp_path, "gs")
     stack = ShardedStack(tmp_path / "stack", tmp_path / "targets" / "*.json", shards=2,
@@ -84,9 +74,8 @@ def test_vmalert_accounts_a_restart_over_two_shards_as_one_prometheus_does(tmp_p
             wall = _values(store, f"timestamp({goodput.WALL}{{{run}}})")
             return attempts == [2.0] and bool(wall) and \
                 wall[0] > restarted + TIMING.startup_seconds
-        # not stretched by the machine's load: while the records are missing (the expected
-        # failure) the wait always runs out, and stretched it took 6 minutes of a loaded suite
-        wait_for(accounted, 20.0, 1.0, "two attempts in vmalert's goodput records",
+        # the attempts count an interval late (what landed in the store an interval ago)
+        wait_for(accounted, settle(20.0), 1.0, "two attempts in vmalert's goodput records",
                  details=lambda: _diagnosis(stack, run))
         now = time.time()
 

@@ -6,7 +6,8 @@ clustered on loopback with the shipped routes and inhibitions.
 Every scripted fault must page exactly once, naming the right rank, with one Alertmanager
 killed as the faults begin; once they paged, one shard is killed: it pages once, as
 MindFormersScraperDown naming it and each job's share it held, and its ranks page as nothing
-else (not down, not missing, not stalled). Then the simulation stops and nothing pages.
+else (not down, not missing, not stalled); it is the shard that scraped most of the ranks
+the pages named, whose incidents keep their culprits and do not page again. Then the simulation stops and nothing pages.
 """
 from __future__ import annotations
 
@@ -28,11 +29,6 @@ from tests.support.waiting import MIN_LOAD_FACTOR, load_factor, wait_for
 pytestmark = pytest.mark.slow
 
 
-# Runs in every suite, and its result shows (XPASS / XFAIL), but does not fail it yet: in 2 of
-# 3 full runs on a loaded 2-core machine it did not hold (once a false MindFormersTrainingStalled
-# for the dead rank's job beside its MindFormersRankDown: vmalert's culprit chain slower than
-# the stall's gate; once the dead shard's page without a job it covered). Issue 36 stays open.
-@pytest.mark.xfail(strict=False, reason="flaky under a loaded suite: issue 36 (see above)")
 def test_two_shards_by_target_page_each_fault_once_and_a_dead_shard_once(tmp_path):
     rules = {**SIM_RULES, "straggler_for": "10s"}
     stretch = load_factor() / MIN_LOAD_FACTOR
@@ -63,10 +59,14 @@ def test_two_shards_by_target_page_each_fault_once_and_a_dead_shard_once(tmp_pat
     # the killed shard: one page naming it, its share of each job, nothing else
     topology = result.topology
     assert topology is not None and topology.alertmanager_killed_at is not None
-    assert (topology.notifications, topology.shards_named, topology.others) == (1, ("1",), [])
+    assert (topology.notifications, topology.shards_named, topology.others) == (
+        1, (topology.killed_shard,), [])
     assert 0 < topology.shard_ranks < 32
+    # it scraped ranks the pages named: their incidents kept their culprits (no page again)
+    assert topology.held_named >= 1
     shares = dict(re.findall(r"job (t-[a-z-]+): ([0-9.]+)% of its ranks", topology.description))
-    assert "t-main" in shares and 0 < float(shares["t-main"]) < 100, topology.description
+    # (hashmod of the free ports split the targets: which jobs it held differs run to run)
+    assert shares and all(0 < float(s) <= 100 for s in shares.values()), topology.description
     # the ranks it scraped last (its targets also hold ranks that ended before it died)
     [held] = re.findall(r"the ([0-9]+) rank\(s\) it scraped", topology.description)
     assert 0 < int(held) <= topology.shard_ranks, topology.description

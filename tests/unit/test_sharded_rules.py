@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from mfotel import assets
-from mfotel.alerting import sharded
+from mfotel.alerting import goodput, goodput_sharded, sharded
 from mfotel.alerting.rules import RulesConfig, alerting_rules, recording_rules
 from mfotel.localstack.servers import find_binary
 from mfotel.simulation.run import SIM_RULES
@@ -45,7 +45,12 @@ def test_every_rule_lands_in_exactly_one_part(cfg):
     meta = Counter(_rule_keys(sharded.scraper_meta(cfg)) + _rule_keys(sharded.global_meta(cfg)))
     split = Counter(_rule_keys(scraper) + _rule_keys(global_))
     kept = Counter(k for k in _rule_keys(global_) if k[0] == sharded.KEPT)
-    assert split - meta - kept == unsharded
+    # goodput: the chain on every shard, the combination globally (the next test)
+    goodput = Counter(_rule_keys([_group(scraper, sharded.GOODPUT_RULES)])
+                      + _rule_keys([_group(global_, sharded.GOODPUT_RULES)]))
+    unsharded_goodput = Counter(_rule_keys([_group(recording_rules(cfg),
+                                                   sharded.GOODPUT_RULES)]))
+    assert split - meta - kept - goodput == unsharded - unsharded_goodput
     # the culprit pages kept firing as in one Prometheus, through a record of their condition
     assert len(kept) == 4 if cfg.culprit_keep_firing_for != "0s" else not kept
     # the per-rank parts run on every shard, the comparisons once
@@ -53,6 +58,41 @@ def test_every_rule_lands_in_exactly_one_part(cfg):
     assert {"MindFormersRanksMissing", "MindFormersStragglerRank", "MindFormersRankDown",
             "MindFormersLossNotFinite", "MindFormersScraperDown"} <= set(_names(global_))
     assert not set(_names(scraper)) & set(_names(global_))
+
+
+def _group(groups: list[dict], name: str) -> dict:
+    (group,) = [g for g in groups if g["name"] == name]
+    return group
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "simulation"])
+def test_goodput_chains_on_the_shards_and_the_global_part_never_reads_its_own_records(cfg):
+    """vmalert reads its records a flush after its group ran: the chain (each goodput record
+    reads those before it in the same evaluation) runs on the shards, and the global part
+    reads only the shards' records, under the names the dashboards and alerts read."""
+    unsharded = [r["record"] for r in _group(recording_rules(cfg), sharded.GOODPUT_RULES)["rules"]]
+    on_shards = _group(sharded.scraper_groups(cfg), sharded.GOODPUT_RULES)
+    in_global = _group(sharded.global_groups(cfg), sharded.GOODPUT_RULES)
+    assert on_shards["interval"] == in_global["interval"] == goodput.INTERVAL
+    extra = {goodput_sharded.RANKS, goodput_sharded.ATTEMPTS_TOTAL,
+             goodput_sharded.RESTARTS_NO_PROGRESS_TOTAL}
+    assert [r["record"] for r in on_shards["rules"]] == [
+        *(goodput_sharded.shard(n) for n in unsharded if n not in goodput_sharded.SHARES),
+        *(goodput_sharded.shard(n) for n in sorted(extra, key=[
+            goodput_sharded.RANKS, goodput_sharded.ATTEMPTS_TOTAL,
+            goodput_sharded.RESTARTS_NO_PROGRESS_TOTAL].index))]
+    # every shard record reads shard records only, never a global one
+    shard_names = {r["record"] for r in on_shards["rules"]}
+    assert sharded.recorded_names_read([on_shards]) <= shard_names
+    written = {r["record"] for r in in_global["rules"]}
+    assert sharded.recorded_names_read([in_global]) <= shard_names
+    assert not sharded.recorded_names_read([in_global]) & written
+    # what the dashboards and the goodput alerts read is recorded globally
+    dashboards = b"".join(c for n, c in assets.all_files().items() if n.endswith(".json"))
+    read = {n for n in unsharded if n.encode() in dashboards}
+    read |= sharded.recorded_names_read([_group(sharded.global_groups(cfg),
+                                                sharded.GOODPUT_ALERTS)]) & set(unsharded)
+    assert len(read) >= 8 and read <= written, read - written
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "simulation"])
@@ -97,10 +137,11 @@ def test_the_global_stall_waits_for_the_culprit_chain():
     culprit = "job_name_rank_how:mindformers_train_culprit_timestamp_seconds:first"
     depth = sharded.global_depths(cfg)[culprit]
     assert depth == 6
-    # (depth + 1) x (interval + 1 s flush) less the head start the stall gives the chain:
-    # stall_seconds + stall_for - departure_seconds (30 s here, 1010 s shipped)
+    # (depth + 1) x (interval + 1 s flush + 10 s for the store to serve a new series) less
+    # the head start the stall gives the chain: stall_seconds + stall_for - departure_seconds
+    # (30 s here, 1010 s shipped)
     assert sharded.stall_gate_seconds(RulesConfig(), "15s") == 0
-    for interval, gate in (("5s", 12), ("15s", 82)):
+    for interval, gate in (("1s", 54), ("5s", 82), ("15s", 152)):
         stalled = _condition(sharded.global_groups(cfg, interval), "MindFormersTrainingStalled")
         assert stalled.count(f") > {30 + 10 + gate}\n") == 3, interval
     [plain] = [r for g in alerting_rules(cfg) for r in g["rules"]
