@@ -44,7 +44,7 @@ WHOLE_JOB = frozenset({
 #: suite's tail (a 200 s test started at minute 9.5 of a 12-minute run). Others: DEFAULT_SECONDS.
 EXPECTED_SECONDS = {
     "test_a_hang_past_a_long_time_out_pages_once_before_and_nothing_after": 265,
-    "test_two_shards_by_target_page_each_fault_once_and_a_dead_shard_once": 321,
+    "test_two_shards_by_target_page_each_fault_once_and_a_dead_shard_once": 385,
     "test_the_topology_pages_a_dead_shard_ruler_and_store_once_each": 150,
     "test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else": 259,
     "test_a_stopped_rank_past_a_long_time_out_pages_once_and_resumes": 244,
