@@ -13,15 +13,18 @@ part reads only the shards' latest records, never its own of the same evaluation
   records them; the high-water mark is each shard's own (its ranks' lowest step), which
   differs from the run's by the ranks' spread of a step or so;
 - the attempts and the restarts without progress: the most any shard counted over the run
-  window (every shard holding ranks of an attempt counts it, maybe a minute apart), less what
-  the global records counted before: an attempt counts once, whichever shard shows it first;
+  window (every shard holding ranks of an attempt counts it, maybe a minute apart), its growth
+  over the interval before last: what landed in the store an interval ago counts once,
+  whichever shard shows it first and however late it came. (Not against the global part's own
+  record of the evaluation before: the store serves a new series 8-10 s after it lands, so
+  that record was missing at the next evaluation and the first attempt counted twice);
 - the run's first process start, the latest attempt's start: the earliest of the shards'; the
   step resumed after: the highest;
-- the per-minute account: the account's increase since the global evaluation before.
+- the per-minute account: the weighted totals' growth over the interval before last.
 
 The shards' records come once a minute and the store forgets a series a few scrapes after its
-last sample, so everything here reads them over two minutes (`FRESH`). The goodput alerts of
-the global part read the global records the same way.
+last sample, so everything here reads them over two of the group's intervals (`fresh`). The
+goodput alerts of the global part read the global records the same way.
 """
 from __future__ import annotations
 
@@ -40,14 +43,6 @@ RANKS = "job_name_run_id:mindformers_train_ranks_seen:count"
 #: Over the run window, each shard's count (recorded on the shard), then the most of them.
 ATTEMPTS_TOTAL = "job_name_run_id:mindformers_train_attempts:total"
 RESTARTS_NO_PROGRESS_TOTAL = "job_name_run_id:mindformers_train_restarts_without_progress:total"
-#: The shards' records the global part reads (the rest stay the shards' own).
-READ = (g.CATEGORY_TOTAL, g.WALL, g.RECOMPUTED_TOTAL, g.CATEGORY_INCREASE, g.PROCESS_START,
-        g.ATTEMPT_START, g.RESUME_STEP, RANKS, ATTEMPTS_TOTAL, RESTARTS_NO_PROGRESS_TOTAL)
-#: What the global part records of them (the names the dashboards and alerts read).
-GLOBAL = (g.CATEGORY_TOTAL, g.WALL, g.RECOMPUTED_TOTAL, g.CATEGORY_INCREASE, g.PROCESS_START,
-          g.ATTEMPT_START, g.RESUME_STEP, ATTEMPTS_TOTAL, g.ATTEMPTS,
-          RESTARTS_NO_PROGRESS_TOTAL, g.RESTARTS_NO_PROGRESS, g.SHARE_RUN, g.SHARE_WINDOW,
-          g.JOB_GOODPUT)
 #: The unsharded records that only the shares read: the shards leave them to the global part.
 SHARES = (g.SHARE_RUN, g.SHARE_WINDOW, g.JOB_GOODPUT)
 RUN_SHARD = f"{g.RUN}, shard"

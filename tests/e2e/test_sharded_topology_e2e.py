@@ -7,7 +7,8 @@ Every scripted fault must page exactly once, naming the right rank, with one Ale
 killed as the faults begin; once they paged, one shard is killed: it pages once, as
 MindFormersScraperDown naming it and each job's share it held, and its ranks page as nothing
 else (not down, not missing, not stalled); it is the shard that scraped most of the ranks
-the pages named, whose incidents keep their culprits and do not page again. Then the simulation stops and nothing pages.
+the pages named, whose incidents keep their culprits and do not page again. Then the
+simulation stops and nothing pages.
 """
 from __future__ import annotations
 
