@@ -8,6 +8,7 @@ tests/unit/test_cluster_sim.py.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,10 @@ def test_shards_split_the_cluster_by_job_never_a_job_by_rank(tmp_path):
     for job, hosts in jobs.items():
         write_target_file(tmp_path / "targets" / f"{job}.json", target_groups(hosts, 8, 9464))
     shipped = yaml.safe_load((ROOT / "examples" / "prometheus" / "shard.yml").read_text())
+    # Prometheus' hashmod: the last 8 bytes of the md5 of the file's path, big-endian, mod 2
+    # (the paths hold tmp_path: now and then every job hashes to one shard)
+    expected = {str(n): {job for job in jobs if _hashmod(str(tmp_path / "targets" / f"{job}.json"),
+                                                         2) == n} for n in range(2)}
     found: dict[str, set[str]] = {}
     for shard in ("0", "1"):
         config = dict(shipped, rule_files=[], alerting={"alertmanagers": []})
@@ -114,9 +119,18 @@ def test_shards_split_the_cluster_by_job_never_a_job_by_rank(tmp_path):
         job["relabel_configs"][1]["regex"] = shard
         with Prometheus(yaml.safe_dump(config), workdir=tmp_path / f"shard-{shard}") as prom:
             # file_sd reads the files at start: discovered at once, nominally
-            targets = wait_for(prom.targets, settle(), 0.2, f"shard {shard}'s targets")
+            want = 16 * len(expected[shard])
+
+            def discovered(prom: Prometheus = prom, want: int = want) -> tuple | None:
+                targets = prom.targets()   # (a tuple: a shard that gets no job holds none)
+                return (targets,) if len(targets) == want else None
+            [targets] = wait_for(discovered, settle(), 0.2, f"shard {shard}'s {want} targets")
         files = [t["discoveredLabels"]["__meta_filepath"] for t in targets]
         assert all(files.count(f) == 16 for f in files), "a job's 16 ranks are all on one shard"
         found[shard] = {Path(f).stem for f in files}
+    assert found == expected
     assert found["0"] | found["1"] == set(jobs) and not found["0"] & found["1"]
-    assert found["0"] and found["1"], "8 jobs over 2 shards: both shards get some"
+
+
+def _hashmod(value: str, modulus: int) -> int:
+    return int.from_bytes(hashlib.md5(value.encode()).digest()[8:], "big") % modulus
