@@ -57,12 +57,12 @@ def _fresh_window() -> str:
     return f"{2 * duration_seconds(g.INTERVAL):g}s"
 
 
-def fresh(name: str, *matchers: str, ago: int = 0) -> str:
-    """A record's latest value within two of the goodput group's intervals; as it was `ago`
-    intervals ago."""
+def fresh(name: str, *matchers: str, ago: int = 0, window: str | None = None) -> str:
+    """A record's latest value within two of the goodput group's intervals (or `window`); as
+    it was `ago` intervals ago."""
     selector = name + (f"{{{', '.join(matchers)}}}" if matchers else "")
     offset = f" offset {ago * duration_seconds(g.INTERVAL):g}s" if ago else ""
-    return f"last_over_time({selector}[{_fresh_window()}]{offset})"
+    return f"last_over_time({selector}[{window or _fresh_window()}]{offset})"
 
 
 def _renamed(text: str, names: list[str]) -> str:
@@ -107,14 +107,15 @@ def _mean(name: str, by: str = g.RUN, *matchers: str, ago: int = 0) -> str:
             f"{_weight(name, *matchers, ago=ago)}")
 
 
-def _most(name: str, ago: int = 0) -> str:
-    return f"max by ({g.RUN}) ({fresh(shard(name), ago=ago)})"
+def _most(name: str, ago: int = 0, window: str | None = None) -> str:
+    return f"max by ({g.RUN}) ({fresh(shard(name), ago=ago, window=window)})"
 
 
 def _increase(total: Callable[[int], str], on: str) -> str:
     """The growth of `total` (an expression of how many intervals ago) over the interval
     before last, all of it the first time: what landed in the store an interval ago counts
-    exactly once, whichever evaluation sees it first and however late it came."""
+    exactly once, whichever evaluation sees it first and however late it came. (The counts'
+    `total(2)` reads back over the run window: a shard's gap of minutes is no new run.)"""
     return (f"clamp_min(\n{indent(total(1))}\n  - on ({on})\n{indent(total(2))},\n  0\n)\n"
             f"or\n{total(1)}")
 
@@ -130,14 +131,17 @@ def global_goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     """The run's account from the shards' (module docstring), under the unsharded names."""
     by_category = f"{g.RUN}, category"
     accounted = f'category!="{g.UNACCOUNTED}"'
+    run = cfg.goodput_run_window
     return [
         {"record": g.PROCESS_START, "expr": f"min by ({g.RUN}) ({fresh(shard(g.PROCESS_START))})"},
         {"record": g.ATTEMPT_START, "expr": f"min by ({g.RUN}) ({fresh(shard(g.ATTEMPT_START))})"},
         {"record": g.RESUME_STEP, "expr": _most(g.RESUME_STEP)},
         {"record": g.ATTEMPTS,
-         "expr": _increase(lambda ago: _most(ATTEMPTS_TOTAL, ago), g.RUN)},
+         "expr": _increase(lambda ago: _most(ATTEMPTS_TOTAL, ago, run if ago > 1 else None),
+                           g.RUN)},
         {"record": g.RESTARTS_NO_PROGRESS,
-         "expr": _increase(lambda ago: _most(RESTARTS_NO_PROGRESS_TOTAL, ago), g.RUN)},
+         "expr": _increase(lambda ago: _most(RESTARTS_NO_PROGRESS_TOTAL, ago,
+                                             run if ago > 1 else None), g.RUN)},
         {"record": g.CATEGORY_TOTAL, "expr": _mean(g.CATEGORY_TOTAL, by_category)},
         {"record": g.WALL, "expr": _mean(g.WALL)},
         {"record": g.RECOMPUTED_TOTAL, "expr": _mean(g.RECOMPUTED_TOTAL)},
