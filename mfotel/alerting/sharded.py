@@ -241,28 +241,21 @@ GOODPUT_RULES = "mindformers-goodput.rules"
 GOODPUT_ALERTS = "mindformers-goodput.alerts"
 
 
-def _goodput(groups: list[dict[str, Any]], records: list[dict[str, Any]],
-             alerts: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """`groups` with the goodput group's records replaced by `records` and its alerts by
-    `alerts` (None: the alerts' group dropped): the chain runs on the shards
-    (mfotel.alerting.goodput_sharded)."""
-    out = []
-    for group in groups:
-        if group["name"] == GOODPUT_RULES:
-            out.append({**group, "rules": records})
-        elif group["name"] == GOODPUT_ALERTS:
-            if alerts is not None:
-                out.append({**group, "rules": alerts})
-        else:
-            out.append(group)
-    return out
+def _goodput(groups: list[dict[str, Any]], cfg: RulesConfig) -> list[dict[str, Any]]:
+    """`groups` (of the global part) with the goodput groups' rules replaced by the ones
+    combining the shards' accounts (mfotel.alerting.goodput_sharded)."""
+    replaced = {GOODPUT_RULES: global_goodput_records, GOODPUT_ALERTS: global_goodput_alerts}
+    return [{**g, "rules": replaced[g["name"]](cfg)} if g["name"] in replaced else g
+            for g in groups]
 
 
 def scraper_groups(cfg: RulesConfig) -> list[dict[str, Any]]:
-    recording = _goodput(_split(recording_rules(cfg), cfg, True), [], None)
+    # goodput's chain over the shard's own ranks (the unsharded goodput group has no rule of
+    # one target's series: _split leaves it out)
     shard_goodput = [{"name": GOODPUT_RULES, "interval": goodput.INTERVAL,
                       "rules": shard_goodput_records(cfg)}]
-    return [*recording, *shard_goodput, *_split(alerting_rules(cfg), cfg, True), *scraper_meta(cfg)]
+    return [*_split(recording_rules(cfg), cfg, True), *shard_goodput,
+            *_split(alerting_rules(cfg), cfg, True), *scraper_meta(cfg)]
 
 
 def global_groups(cfg: RulesConfig, ruler_interval: str | None = RULER_INTERVAL
@@ -271,8 +264,7 @@ def global_groups(cfg: RulesConfig, ruler_interval: str | None = RULER_INTERVAL
     its own records at once)."""
     gate = 0.0 if ruler_interval is None else stall_gate_seconds(cfg, ruler_interval)
     groups = _goodput([*global_meta(cfg), *_split(recording_rules(cfg), cfg, False),
-                       *_split(alerting_rules(cfg), cfg, False)],
-                      global_goodput_records(cfg), global_goodput_alerts(cfg))
+                       *_split(alerting_rules(cfg), cfg, False)], cfg)
     return [{**g, "rules": [kept for r in g["rules"]
                             for kept in _kept_firing(_shard_aware(r, cfg, gate))]}
             for g in groups]
