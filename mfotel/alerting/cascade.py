@@ -335,15 +335,20 @@ def behind_ranks(cfg: RulesConfig) -> str:
     """Ranks behind another rank of their job in steps, as last scraped: a rank's place is its
     last completed step, + 0.5 inside the next one (without the step begin timestamp, an older
     exporter, between steps). The others' places count however they ended (a waiting rank that
-    timed out inside step N + 1 was ahead)."""
+    timed out inside step N + 1 was ahead). A rank is behind only as scraped after the job's
+    latest step end: a place read before the others stepped on is old news (a waiting rank
+    not scraped while it waited, and the rank it waited for resumed)."""
     step = _held(cfg, "mindformers_train_step")
     begin = _held(cfg, "mindformers_train_step_begin_timestamp_seconds")
     end = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
+    scraped = _by_rank(f"last_over_time({SCRAPED}[{_POSITION_HOLD}])")
     position = (f"{step}\n+ on (job_name, rank)\n"
                 f"(\n  0.5 * ({begin} > bool on (job_name, rank) {end})\n"
                 f"  or on (job_name, rank)\n  0 * {step}\n)")
     return (f"(\n{indent(position)}\n)\n< on (job_name) group_left ()\n"
-            f"max by (job_name) (\n{indent(position)}\n)")
+            f"max by (job_name) (\n{indent(position)}\n)\n"
+            f"and on (job_name, rank)\n"
+            f"({scraped} >= on (job_name) group_left () max by (job_name) ({end}))")
 
 
 def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
@@ -356,6 +361,7 @@ def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     # a rank of the job left for good: the waiting ranks' time-out, the launcher's kill
     consequence = f"max by (job_name) ({DEPARTURES}{{{_hows(TERMINAL)}}})"
     waiting = f"min by (job_name, rank) ({CULPRIT}{{{_hows(WAITING)}}})"
+    stepped = m("mindformers_train_last_step_timestamp_seconds")
     behind = (f"{behind_ranks(cfg)}\nand on (job_name, rank) "
               f"({_held(cfg, 'mindformers_train_status')} == {STATUS_RUNNING})")
     context = _culprit_text(cfg)
@@ -383,8 +389,11 @@ def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
             f"or on (job_name)\n(\n  max by (job_name, rank) (\n{indent(stalled, '    ')}\n"
             f"    and on (job_name, rank)\n{indent(behind, '    ')}\n  )\n"
             f"  unless on (job_name) {FIRST}\n)\n"
+            # no rank behind: the job, unless a rank of it stepped within the threshold (its
+            # others' places were read before they stepped on)
             f"or on (job_name)\n(\n  max by (job_name) (\n{indent(stalled, '    ')}\n  )\n"
-            f"  unless on (job_name) {FIRST}\n)",
+            f"  unless on (job_name) {FIRST}\n  unless on (job_name) "
+            f"(time() - max by (job_name) ({stepped}) < {cfg.stall_seconds})\n)",
             "0m", "critical", "Training made no step progress.",
             "{{ if $labels.rank }}"
             f"{WHO} is the rank the job waits for: it left the healthy state first, "
