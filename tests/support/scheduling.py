@@ -39,23 +39,23 @@ WHOLE_JOB = frozenset({
     "tests/e2e/test_sharded_topology_e2e.py",
     "tests/e2e/test_stacks_msrun.py",
 })
-#: Seconds a whole-job test took in a full run (2 cores, 10 workers, 2026-12-06), by test
+#: Seconds a whole-job test took in a full run (2 cores, 12 workers, 2026-12-06), by test
 #: function: the longest start first (tests/conftest.py), since one started late is the
 #: suite's tail (a 200 s test started at minute 9.5 of a 12-minute run). Others: DEFAULT_SECONDS.
 EXPECTED_SECONDS = {
-    "test_a_hang_past_a_long_time_out_pages_once_before_and_nothing_after": 265,
-    "test_two_shards_by_target_page_each_fault_once_and_a_dead_shard_once": 385,
-    "test_the_topology_pages_a_dead_shard_ruler_and_store_once_each": 150,
-    "test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else": 259,
-    "test_a_stopped_rank_past_a_long_time_out_pages_once_and_resumes": 244,
-    "test_a_hang_with_mindsporess_time_out_pages_the_hung_rank_once_with_its_stacks": 222,
-    "test_compute_bound_straggler_blames_no_rank_and_the_job_slows": 203,
-    "test_a_stopped_rank_is_named_as_stopped_when_the_job_times_out": 189,
-    "test_an_exception_pages_its_rank_not_the_ranks_killed_after_it": 156,
-    "test_dead_rank_is_paged_by_name_and_the_stall_it_causes_is_not": 148,
-    "test_nan_pages_once_naming_the_rank_it_started_on": 139,
-    "test_the_nan_origin_stays_over_the_jobs_end_and_a_finishing_job_misses_nobody": 135,
-    "test_a_clean_finish_with_long_end_work_pages_nobody": 120,
+    "test_a_hang_past_a_long_time_out_pages_once_before_and_nothing_after": 219,
+    "test_two_shards_by_target_page_each_fault_once_and_a_dead_shard_once": 390,
+    "test_the_topology_pages_a_dead_shard_ruler_and_store_once_each": 102,
+    "test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else": 264,
+    "test_a_stopped_rank_past_a_long_time_out_pages_once_and_resumes": 182,
+    "test_a_hang_with_mindsporess_time_out_pages_the_hung_rank_once_with_its_stacks": 223,
+    "test_compute_bound_straggler_blames_no_rank_and_the_job_slows": 172,
+    "test_a_stopped_rank_is_named_as_stopped_when_the_job_times_out": 173,
+    "test_an_exception_pages_its_rank_not_the_ranks_killed_after_it": 143,
+    "test_dead_rank_is_paged_by_name_and_the_stall_it_causes_is_not": 153,
+    "test_nan_pages_once_naming_the_rank_it_started_on": 112,
+    "test_the_nan_origin_stays_over_the_jobs_end_and_a_finishing_job_misses_nobody": 160,
+    "test_a_clean_finish_with_long_end_work_pages_nobody": 146,
 }
 DEFAULT_SECONDS = 100
 
