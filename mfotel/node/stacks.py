@@ -344,10 +344,12 @@ class StackWatcher:
             watch.got = got is not None
             if got is None:
                 continue
-            watch.last = now
             capture = Capture(rank.job_name, rank.rank, rank.pid, self.clock(), why,
                               progress.step if progress else None,
                               progress.in_step if progress else None, got.text, got.size)
+            # the floor counts from the capture's own time (a dump takes a moment): two
+            # captures' times are a floor apart at least
+            watch.last = capture.at
             with self._lock:
                 self._captures[(capture.job_name, capture.rank)] = capture
             taken.append(capture)

@@ -1,0 +1,17 @@
+"""The environment `promtool test rules` runs in here.
+
+A rule test evaluates every rule group at every step of its span, so promtool allocates
+hard; with Go's default GOGC (100) about a fifth of its CPU was garbage collection. GOGC=800
+cut a run of every file of prometheus/tests from 38.9 to 30.5 CPU-seconds on 2 cores (peak
+memory 225 MB instead of 67): the suite runs promtool over every file three times.
+"""
+from __future__ import annotations
+
+import os
+
+GOGC = "800"
+
+
+def promtool_env() -> dict[str, str]:
+    """os.environ with promtool's GOGC."""
+    return {**os.environ, "GOGC": GOGC}
