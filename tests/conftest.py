@@ -25,6 +25,12 @@ from tests.support.users import shared_dir
 
 _LEFT_RUNNING = pytest.StashKey[str]()
 
+#: Go's garbage collector target for the servers the tests start (Prometheus, Alertmanager,
+#: VictoriaMetrics, vmalert): at GOGC=400 a Prometheus evaluating the shipped rules every
+#: second used 17% less CPU (60 -> 101 MB), and the suite runs dozens of them on 2 cores.
+#: promtool gets its own (tests/support/promtool.py); a GOGC already set is kept.
+os.environ.setdefault("GOGC", "400")
+
 
 def _children_get_default_signals() -> None:
     """A suite started in the background (`make test &`, nohup) inherits SIGINT, SIGQUIT and
