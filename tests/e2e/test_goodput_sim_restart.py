@@ -88,7 +88,9 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
         high_water = min(last_steps)
         last = int(TIMING.warmup_seconds // TIMING.step_seconds)   # the kill came after it
         checkpoint = resume_step(last, TIMING)
-        assert checkpoint == 16 and last - 1 <= high_water <= last, last_steps
+        # a rank's last scrape before the kill comes up to two steps (two scrape intervals)
+        # before its last step on a loaded machine (seen: 18 of 20 for one rank of 8)
+        assert checkpoint == 16 and last - 2 <= high_water <= last, last_steps
         (start_2,) = starts
         assert _one(prom, f'count(last_over_time({{__name__="mindformers_train_rank_info", '
                           f'{run}, attempt="2"}}{recent}))', now) == RANKS
