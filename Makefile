@@ -16,7 +16,10 @@ demo:
 # goodput and sharded whole-job tests added, 12.1 min, ~1,140 CPU-s (the cores then ~80% busy:
 # 8 min needs ~900 CPU-s); with the long time-out 120 s (from 300), 8 whole-job tests at once
 # and 12 workers, 11.1 min, ~1,120 CPU-s, the cores 84% busy: the suite is now bound by its CPU
-# (1,120 CPU-s on 2 cores is 9.3 min at best). Each test module
+# (1,120 CPU-s on 2 cores is 9.3 min at best); with the whole-job tests' teardown no longer
+# waiting out the ranks' 30 s linger, promtool at GOGC=800 and the tests' Go servers at
+# GOGC=400, a fresh clone took 11.4-11.7 min, ~1,150-1,180 CPU-s with the install (the whole-job
+# tests' waiting fell by ~500 s, but the CPU bounds the suite). Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
 # Memory bounds it too: at 10 workers the machine used at most 8.3 GB (MindSpore in every worker
