@@ -116,8 +116,8 @@ def _increase(total: Callable[[int], str], on: str, late: int = 1) -> str:
     """The growth of `total` (an expression of how many intervals ago) from `late` + 1 to
     `late` intervals ago, all of it the first time: a sample counts exactly once, whichever
     evaluation sees it first, if it reached the store within `late` intervals of its time (one
-    that comes later falls between two reads and is never counted). (The counts' older reads
-    go back over the run window: a shard's gap of minutes is no new run.)"""
+    that comes later falls between two reads and is never counted). (The counts read back
+    over the run window: a shard's gap of minutes is no new run.)"""
     return (f"clamp_min(\n{indent(total(late))}\n  - on ({on})\n{indent(total(late + 1))},\n"
             f"  0\n)\nor\n{total(late)}")
 

@@ -1,4 +1,4 @@
-"""The environment `promtool test rules` runs in here.
+"""promtool, and the environment `promtool test rules` runs in here.
 
 A rule test evaluates every rule group at every step of its span, so promtool allocates
 hard; with Go's default GOGC (100) about a fifth of its CPU was garbage collection. GOGC=800
@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from mfotel.localstack.servers import find_binary
+
 GOGC = "800"
+
+
+def promtool() -> str:
+    """The promtool binary (the test fails, naming the package, where it is missing)."""
+    path = find_binary(("promtool",))
+    if path is None:
+        pytest.fail("promtool not found on PATH; install it: apt-get install prometheus")
+    return path
 
 
 def promtool_env() -> dict[str, str]:

@@ -16,12 +16,11 @@ import yaml
 
 from mfotel.alerting import goodput as rules
 from mfotel.cli import main
-from mfotel.localstack.servers import find_binary
 from mfotel.logs.goodput import CATEGORIES, Mark, rank_account, run_account
 from mfotel.sinks import format_json, format_line
 from mfotel.time_account import PHASES, TimeAccount
 from tests.support.paths import ROOT
-from tests.support.promtool import promtool_env
+from tests.support.promtool import promtool, promtool_env
 
 T0 = 1_764_000_000.0          # the run's first process start (unix seconds)
 #: The hand-worked account (promtool_tests/goodput.yml, first test): seconds per category.
@@ -207,13 +206,6 @@ def test_the_run_is_the_mean_of_its_ranks_and_a_line_written_twice_counts_once()
 
 
 # ---------------------------------------------------------------- live and offline agree
-def promtool() -> str:
-    path = find_binary(("promtool",))
-    if path is None:
-        pytest.fail("promtool not found on PATH; install it: apt-get install prometheus")
-    return path
-
-
 def _values(readings: dict[int, Reading | None], value) -> str:
     out, gone = [], False
     for minute in range(48):

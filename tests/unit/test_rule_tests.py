@@ -15,9 +15,8 @@ from mfotel.alerting import rule_tests
 from mfotel.alerting.rule_tests import RuleTestError, evaluate, human, render_rule_tests
 from mfotel.alerting.rules import RulesConfig
 from mfotel.cli import main
-from mfotel.localstack.servers import find_binary
 from tests.support.paths import ROOT
-from tests.support.promtool import promtool_env
+from tests.support.promtool import promtool, promtool_env
 
 #: Every threshold and duration of RulesConfig: key -> (moved one way, moved the other).
 MOVED = {
@@ -88,13 +87,6 @@ EVERY_FILE_RUN_BY_OTHERS = frozenset({"one-threshold"})
 def _body(text: str) -> str:
     """A rendered test file without its comments (the header names the settings)."""
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-
-
-def promtool() -> str:
-    path = find_binary(("promtool",))
-    if path is None:
-        pytest.fail("promtool not found on PATH; install it: apt-get install prometheus")
-    return path
 
 
 def assets(out: Path, settings: dict[str, str]) -> Path:
