@@ -404,13 +404,18 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     return [
         # Labelled (job_name, rank) like the fast path's post (mfotel.alerting.fastpage), so
         # Alertmanager merges the two. Named once every rank has been scraped at or past the
-        # job's first non-finite step (a rank scraped earlier may hide an earlier origin), or
+        # job's first non-finite step (a rank scraped earlier may hide an earlier origin) and
+        # every rank counted non-finite shows its first non-finite step (a new series may be
+        # readable seconds after the older series of the same scrape: VictoriaMetrics), or
         # `nonfinite_settle` after it (a rank that stopped stepping holds the check back).
         alert(cfg, "MindFormersLossNotFinite",
                f"{held_first}\n== on (job_name) group_left ()\n{job_first}\n"
                f"and on (job_name)\n(\n"
-               f"  min by (job_name) ({held_step})\n"
-               f"  >= on (job_name)\n{indent(job_first)}\n  or\n"
+               f"  (\n    min by (job_name) ({held_step})\n"
+               f"    >= on (job_name)\n{indent(job_first, '    ')}\n"
+               f"    unless on (job_name)\n    (\n{indent(recent, '      ')}\n"
+               f"      unless on (job_name, rank)\n"
+               f"      last_over_time({first}[{w}])\n    )\n  )\n  or\n"
                f"  count by (job_name) (\n    {first} offset {cfg.nonfinite_settle}\n"
                f"    and on (job_name, rank)\n{indent(recent, '    ')}\n  )\n)",
                "0m", "critical", "Training loss is NaN or Inf.",

@@ -137,12 +137,19 @@ def test_checkpoint_series_agree_with_checkpoint_monitor(run):
 
 
 def test_eval_loss_and_duration_agree_with_the_eval_callback(run):
+    """mfotel times `eval_func` inside EvalCallBack's own clock reads: mindformers' figure
+    is mfotel's plus recording it and the thread's waits for the CPU (under a millisecond on a
+    quiet machine, 40 ms once in a loaded suite on 2 cores). The bound is the console test's
+    for a step's rest, 10 x 4 ms, times the load per core when the machine is busier than one
+    process a core: far below an evaluation timed wrong (they take seconds here)."""
     _, snapshots, logged, _ = run
     (first, _), (last, last_seconds) = logged["evals"]
     final = snapshots[-1]
     assert value(final, "mindformers_train_eval_step") == STEPS
     assert value(final, "mindformers_train_eval_loss") == last["PerplexityMetric"]["loss"]
-    assert abs(value(final, "mindformers_train_eval_duration_seconds") - last_seconds) < 5e-3
+    bound = 10 * QUIET_REST_SECONDS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    outside = last_seconds - value(final, "mindformers_train_eval_duration_seconds")
+    assert -1e-3 <= outside < bound, (outside, bound)   # mindformers logs to the microsecond
     after_first = [s for s in snapshots if value(s, "mindformers_train_eval_step") == EVAL]
     assert after_first, "no scrape between the two evaluations"
     assert value(after_first[0], "mindformers_train_eval_loss") == first["PerplexityMetric"]["loss"]
