@@ -7,6 +7,7 @@ where they run, and tokens/s per device and MFU cover the same interval as the t
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any
@@ -165,14 +166,16 @@ def test_checkpoint_saves_are_counted_and_timed_where_they_run(checkpoint_eval_r
     assert 0 <= saved_at - newest.stat().st_mtime < 1.0   # right after the file was written
     # the clocks around the checkpoint callback bound the save's duration from above; what
     # the save's timing leaves out is under 5 ms at one of the saves of steps 10 and 20 at
-    # least (on a loaded machine one preemption between the clocks adds several)
+    # least (on a loaded machine one preemption between the clocks adds several: the bound
+    # grows with the load per core when the machine is busier than one process a core)
     left_out = []
     for step, body in ((10, at_11), (20, bodies[20])):
         duration = value(body, "mindformers_train_checkpoint_duration_seconds")
         between = after.ends[step] - before.ends[step]
         assert 0 < duration <= between, step
         left_out.append(between - duration)
-    assert min(left_out) < 0.005, left_out
+    assert min(left_out) < 0.005 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)), \
+        left_out
     assert value(bodies[20], "mindformers_train_checkpoints_total") == 4
 
 
