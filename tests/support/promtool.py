@@ -14,6 +14,9 @@ import pytest
 from mfotel.localstack.servers import find_binary
 
 GOGC = "800"
+#: A hang guard, not a speed bound: a run of every file of prometheus/tests is ~42 CPU-s
+#: (40 s alone on 2 cores), and took 282 s and then more than 300 s in full suites on 2 cores.
+TIMEOUT = 900
 
 
 def promtool() -> str:

@@ -21,7 +21,7 @@ from mfotel.contract import CONTRACT
 from mfotel.dashboards.common import MAX_RANK_LINES, RUN_MATCHER
 from mfotel.dashboards.queries import ALL, PanelQuery, dashboard_queries, metric_names, substitute
 from tests.support.paths import ROOT
-from tests.support.promtool import promtool_env
+from tests.support.promtool import TIMEOUT, promtool_env
 
 DASHBOARD_DIR = ROOT / "grafana" / "dashboards"
 RULES_DIR = ROOT / "prometheus" / "rules"
@@ -343,7 +343,7 @@ def test_the_worst_status_of_a_job_is_failed_even_beside_a_cancelled_rank(tmp_pa
     path = tmp_path / "worst.yml"
     path.write_text(yaml.safe_dump(tests))
     done = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True,
-                          text=True, timeout=60, env=promtool_env())
+                          text=True, timeout=TIMEOUT, env=promtool_env())
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -478,7 +478,7 @@ def test_slowest_rank_device_panel_joins_each_exporter_to_the_slowest_rank(tmp_p
     path = tmp_path / "join.yml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
-                            text=True, timeout=120, env=promtool_env())
+                            text=True, timeout=TIMEOUT, env=promtool_env())
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -496,7 +496,7 @@ def _promtool_case(tmp_path: Path, input_series: list[dict[str, str]],
     path = tmp_path / "case.yml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
-                            text=True, timeout=120, env=promtool_env())
+                            text=True, timeout=TIMEOUT, env=promtool_env())
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -642,7 +642,7 @@ def test_goodput_panels_show_the_hand_worked_restart(tmp_path):
     path = tmp_path / "goodput-panels.yml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True,
-                            text=True, timeout=120, env=promtool_env())
+                            text=True, timeout=TIMEOUT, env=promtool_env())
     assert result.returncode == 0, result.stdout + result.stderr
 
 

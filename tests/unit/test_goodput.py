@@ -20,7 +20,7 @@ from mfotel.logs.goodput import CATEGORIES, Mark, rank_account, run_account
 from mfotel.sinks import format_json, format_line
 from mfotel.time_account import PHASES, TimeAccount
 from tests.support.paths import ROOT
-from tests.support.promtool import promtool, promtool_env
+from tests.support.promtool import TIMEOUT, promtool, promtool_env
 
 T0 = 1_764_000_000.0          # the run's first process start (unix seconds)
 #: The hand-worked account (promtool_tests/goodput.yml, first test): seconds per category.
@@ -266,7 +266,7 @@ def test_the_rules_and_the_logs_give_the_same_account(tmp_path, capsys):
     path = tmp_path / "agree.yml"
     path.write_text(yaml.safe_dump(test, sort_keys=False, width=1000))
     done = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True,
-                          text=True, timeout=120, env=promtool_env())
+                          text=True, timeout=TIMEOUT, env=promtool_env())
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 

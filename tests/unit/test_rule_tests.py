@@ -16,7 +16,7 @@ from mfotel.alerting.rule_tests import RuleTestError, evaluate, human, render_ru
 from mfotel.alerting.rules import RulesConfig
 from mfotel.cli import main
 from tests.support.paths import ROOT
-from tests.support.promtool import promtool, promtool_env
+from tests.support.promtool import TIMEOUT, promtool, promtool_env
 
 #: Every threshold and duration of RulesConfig: key -> (moved one way, moved the other).
 MOVED = {
@@ -102,7 +102,7 @@ def promtool_test(tests_dir: Path, *names: str) -> subprocess.CompletedProcess[s
     if names:
         files = [str(tests_dir / name) for name in names]
     return subprocess.run([promtool(), "test", "rules", *files], capture_output=True, text=True,
-                          cwd=tests_dir, timeout=300, env=promtool_env())
+                          cwd=tests_dir, timeout=TIMEOUT, env=promtool_env())
 
 
 def test_the_changed_settings_move_every_threshold():

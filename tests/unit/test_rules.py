@@ -20,7 +20,7 @@ from mfotel.contract import COMMON_LABELS, CONTRACT
 from mfotel.localstack.servers import find_binary
 from mfotel.node.metrics import SERIES as NODE_SERIES
 from tests.support.paths import ROOT
-from tests.support.promtool import promtool_env
+from tests.support.promtool import TIMEOUT, promtool_env
 
 RULES_DIR = ROOT / "prometheus" / "rules"
 TESTS_DIR = ROOT / "prometheus" / "tests"
@@ -54,7 +54,7 @@ def tool(name: str) -> str:
 
 def run_tool(*argv: str) -> subprocess.CompletedProcess:
     result = subprocess.run([tool(argv[0]), *argv[1:]], capture_output=True, text=True,
-                            cwd=ROOT, timeout=300, env=promtool_env())
+                            cwd=ROOT, timeout=TIMEOUT, env=promtool_env())
     assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}"
     return result
 
