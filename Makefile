@@ -19,7 +19,10 @@ demo:
 # (1,120 CPU-s on 2 cores is 9.3 min at best); with the whole-job tests' teardown no longer
 # waiting out the ranks' 30 s linger, promtool at GOGC=800 and the tests' Go servers at
 # GOGC=400, a fresh clone took 11.4-11.7 min, ~1,150-1,180 CPU-s with the install (the whole-job
-# tests' waiting fell by ~500 s, but the CPU bounds the suite). Each test module
+# tests' waiting fell by ~500 s, but the CPU bounds the suite); the same suite later the same
+# day on the same machine: 12.6-14.1 min, 1,370-1,620 CPU-s (the host's share of the cores
+# varies: promtool over every rule test file took 40 s alone and more than 300 s in a run).
+# Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
 # Memory bounds it too: at 10 workers the machine used at most 8.3 GB (MindSpore in every worker
