@@ -94,9 +94,10 @@ def test_vmalert_accounts_a_restart_over_two_shards_as_one_prometheus_does(tmp_p
         high_water = min(last_steps)
         last = int(TIMING.warmup_seconds // TIMING.step_seconds)
         checkpoint = resume_step(last, TIMING)
-        # a rank's last scrape before the kill comes up to two steps (two scrape intervals)
-        # before its last step on a loaded machine (seen: 18 of 20 for one rank of 8)
-        assert checkpoint == 16 and last - 2 <= high_water <= last, last_steps
+        # a rank's last scrape before the kill may come several steps (scrape intervals)
+        # before its last step on a loaded machine (seen: 16 of 20 for one rank of 8); the
+        # checkpoint 8 steps back leaves steps to redo however late
+        assert checkpoint == 12 and checkpoint < high_water <= last, last_steps
         downtime = sum(restarted - event for event in last_events) / RANKS
         assert TIMING.restart_pause_seconds < downtime < TIMING.restart_pause_seconds + 1.5
 

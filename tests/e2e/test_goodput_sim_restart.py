@@ -2,7 +2,7 @@
 a real Prometheus with the shipped rules: the simulator's attempts as the records see them.
 
 One job of 8 simulated ranks (2 nodes, the real rank exporter each), a step a second, a
-checkpoint every 8 steps: every rank SIGKILLed 20.5 s into training, its next process started
+checkpoint every 12 steps: every rank SIGKILLed 20.5 s into training, its next process started
 4 s later on the same port with the same run id, 2 s of start-up, resuming after the last
 checkpoint. Prometheus scrapes every second, evaluates every rule every second and the goodput
 records every 5 s (1m as shipped). The truth is cut from the raw series (what a record can
@@ -88,9 +88,10 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
         high_water = min(last_steps)
         last = int(TIMING.warmup_seconds // TIMING.step_seconds)   # the kill came after it
         checkpoint = resume_step(last, TIMING)
-        # a rank's last scrape before the kill comes up to two steps (two scrape intervals)
-        # before its last step on a loaded machine (seen: 18 of 20 for one rank of 8)
-        assert checkpoint == 16 and last - 2 <= high_water <= last, last_steps
+        # a rank's last scrape before the kill may come several steps (scrape intervals)
+        # before its last step on a loaded machine (seen: 16 of 20 for one rank of 8); the
+        # checkpoint 8 steps back leaves steps to redo however late
+        assert checkpoint == 12 and checkpoint < high_water <= last, last_steps
         (start_2,) = starts
         assert _one(prom, f'count(last_over_time({{__name__="mindformers_train_rank_info", '
                           f'{run}, attempt="2"}}{recent}))', now) == RANKS

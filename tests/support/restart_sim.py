@@ -1,6 +1,6 @@
 """The simulated restart the goodput tests watch (tests/e2e/test_goodput_sim_restart.py with
 one Prometheus, tests/e2e/test_goodput_sharded.py with the sharded topology): one job of 8
-simulated ranks (2 nodes), a step a second, a checkpoint every 8 steps, every rank SIGKILLed
+simulated ranks (2 nodes), a step a second, a checkpoint every 12 steps, every rank SIGKILLed
 20.5 s into training and its next process started 4 s later on the same port with the same run
 id, 2 s of start-up, resuming after the last checkpoint."""
 from __future__ import annotations
@@ -13,8 +13,10 @@ from mfotel.simulation.run import SimSettings, Simulation
 from mfotel.simulation.scenario import SimJob, Timing
 
 TIMING = Timing(step_seconds=1.0, startup_seconds=2.0, warmup_seconds=20.5,
-                linger_seconds=3.0, checkpoint_steps=8, restart_pause_seconds=4.0)
-AFTER_RESTART = 12.0   # seconds of the second attempt's steps before the checks
+                linger_seconds=3.0, checkpoint_steps=12, restart_pause_seconds=4.0)
+#: Seconds of the second attempt's steps before the checks: it redoes steps 13-20 in the first
+#: 8 and is past them when the goodput records (every 5 s in the tests) are read.
+AFTER_RESTART = 16.0
 RANKS = 8
 
 
