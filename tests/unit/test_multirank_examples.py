@@ -15,9 +15,10 @@ import yaml
 from mfotel.alerting import rules
 from mfotel.cluster.discovery import target_groups
 from mfotel.contract import CONTRACT
-from mfotel.localstack.servers import find_binary
 from tests.support.paths import ROOT
 from tests.support.prometheus_translation import prometheus_name
+from tests.support.promtool import TIMEOUT
+from tests.support.promtool import promtool as find_promtool
 
 PROM = ROOT / "examples" / "prometheus"
 K8S = ROOT / "examples" / "kubernetes"
@@ -33,10 +34,8 @@ EXAMPLE_CONFIGS = ("examples/prometheus/static.yml", "examples/prometheus/file_s
 
 
 def promtool(*args: str) -> str:
-    binary = find_binary(("promtool",))
-    if binary is None:
-        pytest.fail("promtool not found on PATH; install it: apt-get install prometheus")
-    result = subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    result = subprocess.run([find_promtool(), *args], capture_output=True, text=True, cwd=ROOT,
+                            timeout=TIMEOUT)
     assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
