@@ -9,13 +9,13 @@ runs outside MFLossMonitor's interval is only the callbacks named below and the 
 from __future__ import annotations
 
 import ast
-import os
 import re
 
 import pytest
 
 from tests.support.metrics import value
 from tests.support.tiny_llama import issue_config, train, write_yaml
+from tests.support.waiting import under_load
 
 pytestmark = pytest.mark.slow
 STEPS, RECORD, SAVE, EVAL = 20, 5, 5, 10
@@ -101,7 +101,7 @@ def test_console_step_time_is_mflossmonitor_per_step_time_plus_the_work_outside_
     below what the test exists to catch, an evaluation counted in an interval (asserted: the
     one within the records took more than the bound allows a whole record)."""
     _, _, logged, lines = run
-    bound = 10 * QUIET_REST_SECONDS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    bound = under_load(10 * QUIET_REST_SECONDS)
     assert sorted(lines) == list(range(RECORD, STEPS + 1, RECORD))
     eval_seconds = dict(zip(range(EVAL, STEPS + 1, EVAL), (s for _, s in logged["evals"]),
                             strict=True))
@@ -129,9 +129,10 @@ def test_checkpoint_series_agree_with_checkpoint_monitor(run):
     newest = tmp_path / "output" / "checkpoint" / "rank_0" / f"tiny_rank_0-1_{STEPS}.ckpt"
     saved_at = value(final, "mindformers_train_last_checkpoint_timestamp_seconds")
     assert 0 <= saved_at - newest.stat().st_mtime < 1.0
-    # mindformers times the save from its start to the file's mtime; mfotel the whole call
+    # mindformers times the save from its start to the file's mtime; mfotel the whole call:
+    # under 50 ms more on a quiet machine (72 ms once in a loaded suite on 2 cores)
     duration = value(final, "mindformers_train_checkpoint_duration_seconds")
-    assert logged["saves"][STEPS] - 1e-3 <= duration < logged["saves"][STEPS] + 0.05
+    assert logged["saves"][STEPS] - 1e-3 <= duration < logged["saves"][STEPS] + under_load(0.05)
     started = value(final, "mindformers_train_start_timestamp_seconds")
     assert started < saved_at
 
@@ -147,7 +148,7 @@ def test_eval_loss_and_duration_agree_with_the_eval_callback(run):
     final = snapshots[-1]
     assert value(final, "mindformers_train_eval_step") == STEPS
     assert value(final, "mindformers_train_eval_loss") == last["PerplexityMetric"]["loss"]
-    bound = 10 * QUIET_REST_SECONDS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    bound = under_load(10 * QUIET_REST_SECONDS)
     outside = last_seconds - value(final, "mindformers_train_eval_duration_seconds")
     assert -1e-3 <= outside < bound, (outside, bound)   # mindformers logs to the microsecond
     after_first = [s for s in snapshots if value(s, "mindformers_train_eval_step") == EVAL]

@@ -32,6 +32,12 @@ def load_factor() -> float:
     return max(MIN_LOAD_FACTOR, 2 * os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
+def under_load(quiet: float) -> float:
+    """A bound on a time a test reads (not waits for), measured on a quiet machine, times the
+    load per core when the machine is busier than one process a core."""
+    return quiet * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 def settle(*seconds: float, slack: float = SLACK) -> float:
     """How long to wait for something whose nominal delay is the sum of `seconds`
     (e.g. scrape interval + evaluation interval + `for` + group_wait), with margin."""
