@@ -22,9 +22,9 @@ import pytest
 import yaml
 
 from mfotel.dashboards.queries import PanelQuery
-from mfotel.localstack.servers import find_binary
 from tests.e2e.test_dashboards_e2e import ALL_VARIABLES, _expr, _queries, feed
 from tests.support.paths import ROOT
+from tests.support.promtool import TIMEOUT, promtool
 from tests.support.victoria_metrics import VictoriaMetrics
 
 pytestmark = pytest.mark.slow
@@ -189,10 +189,8 @@ def compare(prom: dict[Any, Any], vm: dict[Any, Any], absolute: float = ABS,
 
 
 def test_the_example_remote_write_config_is_valid():
-    promtool = find_binary(("promtool",))
-    assert promtool, "promtool not found on PATH; install it: apt-get install prometheus"
-    done = subprocess.run([promtool, "check", "config", str(EXAMPLE)], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run([promtool(), "check", "config", str(EXAMPLE)], capture_output=True,
+                          text=True, timeout=TIMEOUT, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 2 rule files found" in done.stdout
     (remote,) = yaml.safe_load(EXAMPLE.read_text())["remote_write"]
