@@ -334,9 +334,10 @@ class StackWatcher:
                 continue
             if watch.since is None:
                 watch.since = now
-            elif watch.tried is not None and \
-                    now - watch.tried < (self.recapture if watch.got else self.retry):
-                continue
+            elif watch.tried is not None and (
+                    now - watch.last < self.recapture if watch.got and watch.last is not None
+                    else now - watch.tried < self.retry):
+                continue   # a recapture counts from the last capture's own time, as the floor
             if watch.last is not None and now - watch.last < self.floor:
                 continue   # episodes in quick succession: one capture per floor at most
             watch.tried = now
@@ -347,8 +348,9 @@ class StackWatcher:
             capture = Capture(rank.job_name, rank.rank, rank.pid, self.clock(), why,
                               progress.step if progress else None,
                               progress.in_step if progress else None, got.text, got.size)
-            # the floor counts from the capture's own time (a dump takes a moment): two
-            # captures' times are a floor apart at least
+            # the floor and the recapture interval count from the capture's own time (a dump
+            # takes a moment): two captures' times are a floor (in an episode: a recapture
+            # interval) apart at least
             watch.last = capture.at
             with self._lock:
                 self._captures[(capture.job_name, capture.rank)] = capture

@@ -20,7 +20,7 @@ from mfotel.localstack.servers import http_get_json
 from mfotel.localstack.sharded import ShardedStack
 from mfotel.localstack.victoria import VictoriaMetrics
 from mfotel.simulation.attempts import resume_step
-from tests.support.restart_sim import AFTER_RESTART, RANKS, TIMING, restart_run
+from tests.support.restart_sim import AFTER_RESTART, RANKS, TIMING, UNACCOUNTED_MOST, restart_run
 from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
@@ -126,7 +126,10 @@ def test_vmalert_accounts_a_restart_over_two_shards_as_one_prometheus_does(tmp_p
         assert recorded["recomputed"] > 0 and recorded["startup"] > TIMING.startup_seconds
         wall = _one(store, f"last_over_time({goodput.WALL}{{{run}}}[1s])", now)
         assert sum(recorded.values()) == pytest.approx(wall, abs=1e-3)
-        assert -0.1 <= recorded[goodput.UNACCOUNTED] < 2.5 * TIMING.step_seconds
+        # the ranks run: what is not accounted yet is the step in progress and the age of the
+        # ranks' last scrape, a scrape interval, two where one failed under load (3.23 s
+        # seen); -21 ms seen once beside another stack: the ranks' and the ruler's clocks
+        assert -0.1 <= recorded[goodput.UNACCOUNTED] < UNACCOUNTED_MOST
         print(f"\n[goodput sharded] ranks by shard {by_shard}, recorded {recorded}, "
               f"truth downtime {downtime:.2f}, redone {high_water - checkpoint:g}")
     finally:

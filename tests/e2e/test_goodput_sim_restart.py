@@ -26,7 +26,7 @@ from mfotel.localstack.servers import Prometheus
 from mfotel.simulation.attempts import resume_step
 from mfotel.simulation.stack import prometheus_config
 from tests.support.paths import ROOT
-from tests.support.restart_sim import AFTER_RESTART, RANKS, TIMING, restart_run
+from tests.support.restart_sim import AFTER_RESTART, RANKS, TIMING, UNACCOUNTED_MOST, restart_run
 from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
@@ -112,9 +112,10 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
         assert recorded["recomputed"] > 0 and recorded["startup"] > TIMING.startup_seconds
         wall = _one(prom, f"{goodput.WALL}{{{run}}}", now)
         assert sum(recorded.values()) == pytest.approx(wall, abs=1e-6)
-        # the ranks run: what is not accounted yet is the step in progress (< a step + scrape);
-        # -21 ms seen once beside another stack: the ranks' and the ruler's clock reads
-        assert -0.1 <= recorded[goodput.UNACCOUNTED] < 2.5 * TIMING.step_seconds
+        # the ranks run: what is not accounted yet is the step in progress and the age of the
+        # ranks' last scrape, a scrape interval, two where one failed under load (3.23 s
+        # seen); -21 ms seen once beside another stack: the ranks' and the ruler's clocks
+        assert -0.1 <= recorded[goodput.UNACCOUNTED] < UNACCOUNTED_MOST
 
         # the dashboards' attempt marks: each attempt at its processes' first start
         overview = json.loads((ROOT / "grafana" / "dashboards" /

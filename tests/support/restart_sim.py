@@ -18,6 +18,11 @@ TIMING = Timing(step_seconds=1.0, startup_seconds=2.0, warmup_seconds=20.5,
 #: 8 and is past them when the goodput records (every 5 s in the tests) are read.
 AFTER_RESTART = 16.0
 RANKS = 8
+#: The scrape interval of the tests' Prometheus (the simulation's interval).
+SCRAPE_SECONDS = 1.0
+#: The most a running job's goodput account leaves unaccounted: the step in progress and the
+#: age of the ranks' last scrape, one interval, two where a scrape failed under load.
+UNACCOUNTED_MOST = TIMING.step_seconds + 2 * SCRAPE_SECONDS + 0.5
 
 
 @dataclass
@@ -53,7 +58,7 @@ def restart_run(workdir: Path, prefix: str) -> RestartRun:
     """The restarted job alone (32 ranks for the scenario's plan, which only_jobs replaces);
     the Simulation makes the targets folder, so a Prometheus started next watches it."""
     settings = SimSettings(ranks=32, ranks_per_node=4, prefix=prefix, timing=TIMING,
-                           interval=1.0, workdir=workdir)
+                           interval=SCRAPE_SECONDS, workdir=workdir)
     sim = Simulation(settings, workdir, lambda labels: 0.0)
     job = restart_job([], nodes=2, ranks_per_node=4, prefix=prefix)
     only_jobs(sim, [job])
