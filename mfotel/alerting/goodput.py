@@ -12,7 +12,7 @@ to the rank's last event. These rules turn it into the run's account, one minute
    staleness a failed scrape or a killed process leaves: the minute a rank was killed in counts
    up to its last scrape, and a scrape that failed is no new process. A rank restarted within
    the minute shows its new process live: its old one is read back over the minute every
-   RESOLUTION (OLD), and counts to within that of its last scrape;
+   quarter of it (OLD), and counts to within that of its last scrape;
 2. the steps redone: each rank's steps of the minute at or below the run's high-water mark
    (the highest step every rank had completed before the latest attempt began, 0 in the
    first: ranks a step apart, or first scraped in two minutes, redo nothing), averaged; their
@@ -43,8 +43,17 @@ from .thresholds import RulesConfig, duration_seconds
 INTERVAL = "1m"
 #: How far back a rank's last scrape is read (Prometheus' instant look-back).
 LOOKBACK = "5m"
-#: The step at which a restarted rank's old process is read back over the minute (OLD).
-RESOLUTION = "15s"
+#: The step at which a restarted rank's old process is read back over the minute (OLD): a
+#: quarter of the interval (15s), so that the subquery has points in every interval however
+#: the interval is set (at an interval shorter than a fixed step it had none, and a restart
+#: counted from its rank's scrape before last).
+RESOLUTION_PARTS = 4
+
+
+def resolution() -> str:
+    """The subquery step of OLD: INTERVAL / RESOLUTION_PARTS, as a PromQL duration."""
+    ms = round(duration_seconds(INTERVAL) * 1000 / RESOLUTION_PARTS)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 #: The window of the shares and of the alerts (Prometheus 2 ranges hold both ends: 61 minutes).
 WINDOW = "1h"
 CATEGORIES = ("goodput", "recomputed", *(p for p in PHASES if p != "step"), "downtime")
@@ -156,13 +165,14 @@ def _new_rank() -> str:
 
 def _old_process(cfg: RulesConfig, name: str) -> str:
     """OLD[name]: for each rank whose process start is later than its known one, the last
-    value its old process showed within the minute: each RESOLUTION of the minute, the last
-    scrape in it while the start was the known one (up to RESOLUTION short of the last)."""
+    value its old process showed within the minute: each resolution() of the minute, the last
+    scrape in it while the start was the known one (up to that short of the last)."""
     start = "mindformers_train_process_start_timestamp_seconds"
-    old = (f"last_over_time({cfg.m(name)}[{RESOLUTION}])\nand on (job_name, rank)\n"
-           f"(last_over_time({cfg.m(start)}[{RESOLUTION}]) == on (job_name, rank) "
+    step = resolution()
+    old = (f"last_over_time({cfg.m(name)}[{step}])\nand on (job_name, rank)\n"
+           f"(last_over_time({cfg.m(start)}[{step}]) == on (job_name, rank) "
            f"group_left () {KNOWN_START})")
-    return (f"last_over_time((\n{indent(old)}\n)[{INTERVAL}:{RESOLUTION}])\n"
+    return (f"last_over_time((\n{indent(old)}\n)[{INTERVAL}:{step}])\n"
             f"and on (job_name, rank)\n"
             f"({_seen(start)} > on (job_name, rank) group_left () "
             f"({KNOWN_START} offset {INTERVAL}))")
