@@ -23,7 +23,8 @@ So each rank's departures from the healthy state are recorded, with when and how
 mean time outside the step per step: a rank slow on input each step is no departure),
 `unresponsive` once it lasted max(departure_seconds, departure_step_factor x its mean step
 interval). A departure is held for `cascade_window` after its facts vanished, and is void once
-the rank completes a step after it.
+the rank completes a step after it; a `vanished` one also once the rank's node agent reports
+its exit at or after it (the agent's scrapes had failed as the rank ended).
 
 The job's culprit is the rank that left first (`CULPRIT`), with the ranks the others waited
 for within `departure_seconds` of it (a node's ranks hanging together on its storage). What
@@ -185,6 +186,17 @@ def _valid(departures: str, end: str) -> str:
             f"    - {_VOID_MARGIN:g}\n  )\n)")
 
 
+def _explained(cfg: RulesConfig, departures: str) -> str:
+    """`departures` but a `vanished` one whose rank's node agent reported its exit at or after
+    it: the agent's scrapes had failed as the rank ended (a loaded node), and its exit facts
+    (`exited`, `ended`) tell how the rank left."""
+    exit_seen = _held(cfg, "mfotel_node_rank_exit_timestamp_seconds", cfg.cascade_window)
+    return (f"{departures}\nunless on (job_name, rank, how)\n(\n"
+            f'  label_replace(\n{indent(exit_seen, "    ")},\n    "how", "vanished", "", ""\n  )'
+            f"\n  >= on (job_name, rank, how)\n"
+            f'  {DEPARTURES_HELD}{{how="vanished"}} - {_VOID_MARGIN:g}\n)')
+
+
 def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     """The recording rules of one group, in order (each reads the ones above it)."""
     m = cfg.m
@@ -221,7 +233,7 @@ def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": DEPARTURES_HELD,
          "expr": f"(\n  {DEPARTURES_FRESH}\n  < on (job_name, rank, how)\n{indent(held)}\n)\n"
                  f"or\n{held}\nor\n{DEPARTURES_FRESH}"},
-        {"record": DEPARTURES, "expr": _valid(DEPARTURES_HELD, end)},
+        {"record": DEPARTURES, "expr": _explained(cfg, _valid(DEPARTURES_HELD, end))},
         {"record": FIRST, "expr": f'min by (job_name, rank) ({DEPARTURES}{{how!="ended"}})'},
         {"record": CULPRIT,
          "expr": f"(\n  {DEPARTURES}{{{_hows(TERMINAL)}}}\n  == on (job_name, rank) group_left ()\n"
