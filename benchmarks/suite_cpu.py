@@ -1,0 +1,137 @@
+"""Where the test suite's CPU goes: runs a command (by default the README's `make test`) while
+sampling every process's CPU time from /proc every half second, then prints the CPU-seconds
+by program (promtool, Prometheus, the xdist workers, each training script, ...), and, from
+tests/support/cpu_per_test.py, by test module and the costliest tests.
+
+    .venv/bin/python benchmarks/suite_cpu.py                 # make test, ~13 min on 2 cores
+    .venv/bin/python benchmarks/suite_cpu.py -- .venv/bin/python -m pytest -q tests/unit
+
+A process seen at the first sample counts from then on (the machine's own daemons are in the
+total only with what they spent during the run: run it on an otherwise idle machine). Linux
+only.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.cpu_per_test import OUT_ENV  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def program(pid: str) -> str | None:
+    """A process's program: the script or module a Python process runs, else the binary."""
+    try:
+        argv = [a.decode(errors="replace") for a in
+                Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return None
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    if not name.startswith("python"):
+        return name
+    if "-m" in argv[1:-1]:
+        return f"python -m {argv[argv.index('-m') + 1]}"
+    if "-c" in argv[1:-1]:
+        return "python -c (xdist workers, inline scripts)"
+    scripts = [a for a in argv[1:] if not a.startswith("-")]
+    return f"python {os.path.basename(scripts[0])}" if scripts else "python"
+
+
+class Sampler(threading.Thread):
+    """Each process's CPU seconds, keyed by (pid, start time), until stopped."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.every, self.stopped = every, threading.Event()
+        self.seen: dict[tuple[str, str], list] = {}   # key -> [program, first, last]
+
+    def sample(self, first: bool) -> None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            cpu = (int(fields[11]) + int(fields[12])) / TICKS
+            key = (pid, fields[19])
+            if key in self.seen:
+                self.seen[key][2] = cpu
+            else:
+                self.seen[key] = [program(pid), cpu if first else 0.0, cpu]
+
+    def run(self) -> None:
+        first = True
+        while not self.stopped.is_set():
+            self.sample(first)
+            first = False
+            self.stopped.wait(self.every)
+
+    def by_program(self) -> dict[str, tuple[float, int]]:
+        totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+        for name, first, last in self.seen.values():
+            if last > first:
+                totals[name or "?"][0] += last - first
+                totals[name or "?"][1] += 1
+        return {name: (cpu, n) for name, (cpu, n) in totals.items()}
+
+
+def by_module(rows: list[dict]) -> dict[str, float]:
+    totals: dict[str, float] = collections.defaultdict(float)
+    for row in rows:
+        totals[row["test"].split("::")[0]] += row["own"] + row["children"]
+    return totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=25, help="rows of each table")
+    parser.add_argument("command", nargs="*", default=["make", "test"])
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        tests_file = Path(tmp) / "tests.jsonl"
+        env = {**os.environ, OUT_ENV: str(tests_file), "PYTEST_ADDOPTS": " ".join(
+            filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p tests.support.cpu_per_test"]))}
+        sampler = Sampler()
+        sampler.start()
+        began = time.monotonic()
+        status = subprocess.run(args.command, cwd=ROOT, env=env).returncode
+        wall = time.monotonic() - began
+        sampler.stopped.set()
+        sampler.join()
+        rows = [json.loads(line) for line in tests_file.read_text().splitlines()] \
+            if tests_file.exists() else []
+    programs = sorted(sampler.by_program().items(), key=lambda kv: -kv[1][0])
+    total = sum(cpu for cpu, _ in dict(programs).values())
+    print(f"\n# {' '.join(args.command)}: exit {status}, {wall:.0f} s wall, {total:.0f} CPU-s "
+          f"({total / wall:.2f} cores of {os.cpu_count()})")
+    print(f"\n{'CPU-s':>8} {'share':>6} {'procs':>6}  program")
+    for name, (cpu, n) in programs[:args.top]:
+        print(f"{cpu:8.1f} {cpu / total:6.1%} {n:6d}  {name}")
+    if rows:
+        print(f"\n{'CPU-s':>8}  test module (own + reaped children)")
+        for module, cpu in sorted(by_module(rows).items(), key=lambda kv: -kv[1])[:args.top]:
+            print(f"{cpu:8.1f}  {module}")
+        print(f"\n{'CPU-s':>8} {'wall':>7}  test")
+        for row in sorted(rows, key=lambda r: -(r["own"] + r["children"]))[:args.top]:
+            print(f"{row['own'] + row['children']:8.1f} {row['wall']:7.1f}  {row['test']}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
