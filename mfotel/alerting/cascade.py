@@ -23,8 +23,9 @@ So each rank's departures from the healthy state are recorded, with when and how
 mean time outside the step per step: a rank slow on input each step is no departure),
 `unresponsive` once it lasted max(departure_seconds, departure_step_factor x its mean step
 interval). A departure is held for `cascade_window` after its facts vanished, and is void once
-the rank completes a step after it; a `vanished` one also once the rank's node agent reports
-its exit at or after it (the agent's scrapes had failed as the rank ended).
+the rank completes a step after it; a `vanished` one also while a node agent reports the rank,
+and once its agent reported its exit at or after it (the agent's scrapes had failed as the
+rank left).
 
 The job's culprit is the rank that left first (`CULPRIT`), with the ranks the others waited
 for within `departure_seconds` of it (a node's ranks hanging together on its storage). What
@@ -187,14 +188,19 @@ def _valid(departures: str, end: str) -> str:
 
 
 def _explained(cfg: RulesConfig, departures: str) -> str:
-    """`departures` but a `vanished` one whose rank's node agent reported its exit at or after
-    it: the agent's scrapes had failed as the rank ended (a loaded node), and its exit facts
-    (`exited`, `ended`) tell how the rank left."""
-    exit_seen = _held(cfg, "mfotel_node_rank_exit_timestamp_seconds", cfg.cascade_window)
+    """`departures` but a `vanished` one whose rank a node agent reports now, or whose rank's
+    agent reported its exit at or after it: the agent's scrapes had failed as the rank left
+    the healthy state (a loaded node), and the agent's facts tell how it is (`unresponsive`,
+    `stopped`) or how it left (`exited`, `ended`). A rank the agent stops reporting without an
+    exit (the node lost) is vanished again."""
+    w = cfg.cascade_window
+    agent_now = _by_rank(cfg.m("mfotel_node_rank_state"))
+    exit_seen = _held(cfg, "mfotel_node_rank_exit_timestamp_seconds", w)
     return (f"{departures}\nunless on (job_name, rank, how)\n(\n"
             f'  label_replace(\n{indent(exit_seen, "    ")},\n    "how", "vanished", "", ""\n  )'
             f"\n  >= on (job_name, rank, how)\n"
-            f'  {DEPARTURES_HELD}{{how="vanished"}} - {_VOID_MARGIN:g}\n)')
+            f'  {DEPARTURES_HELD}{{how="vanished"}} - {_VOID_MARGIN:g}\n'
+            f'  or\n  label_replace({agent_now}, "how", "vanished", "", "")\n)')
 
 
 def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:
