@@ -25,13 +25,6 @@ from tests.support.users import shared_dir
 
 _LEFT_RUNNING = pytest.StashKey[str]()
 
-#: Go's garbage collector target for the servers the tests start (Prometheus, Alertmanager,
-#: VictoriaMetrics, vmalert): at GOGC=400 a Prometheus evaluating the shipped rules every
-#: second used 17% less CPU (60 -> 101 MB), and the suite runs dozens of them on 2 cores.
-#: promtool gets its own (tests/support/promtool.py); a GOGC already set is kept.
-os.environ.setdefault("GOGC", "400")
-
-
 def _children_get_default_signals() -> None:
     """A suite started in the background (`make test &`, nohup) inherits SIGINT, SIGQUIT and
     SIGHUP ignored, and exec keeps them ignored in every process the tests start: the tests of
@@ -44,10 +37,10 @@ def _children_get_default_signals() -> None:
                           else lambda *_: None)
 
 
-#: Go's garbage collector for the Go binaries the tests run (promtool, Prometheus,
-#: Alertmanager, VictoriaMetrics): collecting at 4x the live heap instead of 2x, promtool's run
-#: of the shipped rule tests took 9.5 CPU-s instead of 14 here (120 MB resident). A GOGC of
-#: the caller's own is kept.
+#: Go's garbage collector target for the servers the tests start (Prometheus, Alertmanager,
+#: VictoriaMetrics, vmalert): at GOGC=400 a Prometheus evaluating the shipped rules every
+#: second used 17% less CPU (60 -> 101 MB), and the suite runs dozens of them on 2 cores.
+#: promtool gets its own (tests/support/promtool.py); a GOGC of the caller's own is kept.
 GO_GC_PERCENT = "400"
 
 
