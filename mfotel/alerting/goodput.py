@@ -259,13 +259,14 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
             f"\nand on ({RUN}) ({ATTEMPTS} offset {INTERVAL} > 0)")
     counted = f"(\n{indent(attempt_ranks)}\n)\nunless on (job_name, rank) (\n{indent(kept)}\n)"
     # the latest attempt's earliest process start: set when it shows, lowered by its ranks
-    # first seen later (the dashboards mark each attempt once, however its old ranks go stale)
+    # first seen later (the dashboards mark each attempt once, however its old ranks go stale);
+    # `held` in parentheses: `and` binds looser than `<=`
     held = (f"last_over_time({ATTEMPT_START}[{LOOKBACK}] offset {INTERVAL})\n"
             f"and on ({RUN}) {PROCESS_START}")
     seen_now = f"min by ({RUN}) (\n{indent(of_run(cfg, new_rank))}\n)"
     attempt_start = (f"(\n  min by ({RUN}) (\n{indent(attempt_ranks, '    ')}\n  )\n"
                      f"  and on ({RUN}) ({ATTEMPTS} > 0)\n)\nor\n"
-                     f"(\n{indent(held)}\n  <=\n{indent(seen_now)}\n)\nor\n"
+                     f"(\n  (\n{indent(held, '    ')}\n  )\n  <=\n{indent(seen_now)}\n)\nor\n"
                      f"{seen_now}\nand on ({RUN}) (\n{indent(held)}\n)\nor\n{held}")
     # each restarted rank's downtime: from its own last event a minute ago (its old process's
     # last scrape, within LOOKBACK), else from the run's last event
