@@ -14,8 +14,8 @@ part reads only the shards' latest records, never its own of the same evaluation
   differs from the run's by the ranks' spread of a step or so;
 - the attempts and the restarts without progress: the most any shard counted over the run
   window (every shard holding ranks of an attempt counts it, maybe a minute apart), its growth
-  from three intervals ago to two: a shard's sample counts once, whichever shard shows it
-  first, if it reached the store within two intervals of its time. (Not against the global
+  from three intervals ago to two (at least 30 s ago: `count_late`): a shard's sample counts
+  once, whichever shard shows it first, if it reached the store within that. (Not against the global
   part's own record of the evaluation before: the store serves a new series 8-10 s after it
   lands, so that record was missing at the next evaluation and the first attempt counted
   twice);
@@ -29,6 +29,7 @@ goodput alerts of the global part read the global records the same way.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -122,10 +123,17 @@ def _increase(total: Callable[[int], str], on: str, late: int = 1) -> str:
             f"  0\n)\nor\n{total(late)}")
 
 
-#: How many goodput intervals late the global part counts attempts and restarts: a shard's
-#: sample that reaches the store up to this many intervals after its time still counts (one
-#: interval was not always enough for the tests' 5 s interval on a loaded machine).
-COUNT_LATE = 2
+#: How late the global part counts attempts and restarts: a shard's sample that reaches the
+#: store (and is served: a new series 8-10 s after it is written, later on a loaded store) up
+#: to two goodput intervals, and at least LATE_SECONDS, after its time still counts. (At the
+#: tests' 5 s interval two intervals were not enough: a run's first attempt, a new series
+#: served 23 s late, was never counted.)
+COUNT_LATE, LATE_SECONDS = 2, 30.0
+
+
+def count_late() -> int:
+    """The goodput intervals the global part counts late (COUNT_LATE, LATE_SECONDS)."""
+    return max(COUNT_LATE, math.ceil(LATE_SECONDS / duration_seconds(g.INTERVAL)))
 
 
 def _window_sum(by: str, *matchers: str) -> str:
@@ -145,10 +153,10 @@ def global_goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": g.ATTEMPT_START, "expr": f"min by ({g.RUN}) ({fresh(shard(g.ATTEMPT_START))})"},
         {"record": g.RESUME_STEP, "expr": _most(g.RESUME_STEP)},
         {"record": g.ATTEMPTS,
-         "expr": _increase(lambda ago: _most(ATTEMPTS_TOTAL, ago, run), g.RUN, COUNT_LATE)},
+         "expr": _increase(lambda ago: _most(ATTEMPTS_TOTAL, ago, run), g.RUN, count_late())},
         {"record": g.RESTARTS_NO_PROGRESS,
          "expr": _increase(lambda ago: _most(RESTARTS_NO_PROGRESS_TOTAL, ago, run), g.RUN,
-                           COUNT_LATE)},
+                           count_late())},
         {"record": g.CATEGORY_TOTAL, "expr": _mean(g.CATEGORY_TOTAL, by_category)},
         {"record": g.WALL, "expr": _mean(g.WALL)},
         {"record": g.RECOMPUTED_TOTAL, "expr": _mean(g.RECOMPUTED_TOTAL)},

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from mfotel.alerting import goodput
-from mfotel.alerting.goodput_sharded import ATTEMPTS_TOTAL, shard
+from mfotel.alerting.goodput_sharded import ATTEMPTS_TOTAL, LATE_SECONDS, shard
 from mfotel.alerting.rules import RulesConfig
 from mfotel.localstack.servers import http_get_json
 from mfotel.localstack.sharded import ShardedStack
@@ -75,7 +75,9 @@ def test_vmalert_accounts_a_restart_over_two_shards_as_one_prometheus_does(tmp_p
             return attempts == [2.0] and bool(wall) and \
                 wall[0] > restarted + TIMING.startup_seconds
         # the attempts count an interval late (what landed in the store an interval ago)
-        wait_for(accounted, settle(20.0), 1.0, "two attempts in vmalert's goodput records",
+        # (counted late: at least LATE_SECONDS after the shards' samples)
+        wait_for(accounted, settle(20.0 + LATE_SECONDS), 1.0,
+                 "two attempts in vmalert's goodput records",
                  details=lambda: _diagnosis(stack, run))
 
         def landed() -> float | None:
