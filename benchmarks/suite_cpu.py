@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [json.loads(line) for line in tests_file.read_text().splitlines()] \
             if tests_file.exists() else []
     programs = sorted(sampler.by_program().items(), key=lambda kv: -kv[1][0])
-    total = sum(cpu for cpu, _ in dict(programs).values())
+    total = sum(cpu for _, (cpu, _) in programs)
     print(f"\n# {' '.join(args.command)}: exit {status}, {wall:.0f} s wall, {total:.0f} CPU-s "
           f"({total / wall:.2f} cores of {os.cpu_count()})")
     print(f"\n{'CPU-s':>8} {'share':>6} {'procs':>6}  program")

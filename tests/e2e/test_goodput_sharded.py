@@ -19,8 +19,14 @@ from mfotel.alerting.rules import RulesConfig
 from mfotel.localstack.servers import http_get_json
 from mfotel.localstack.sharded import ShardedStack
 from mfotel.localstack.victoria import VictoriaMetrics
-from mfotel.simulation.attempts import resume_step
-from tests.support.restart_sim import AFTER_RESTART, RANKS, TIMING, UNACCOUNTED_MOST, restart_run
+from tests.support.restart_sim import (
+    AFTER_RESTART,
+    RANKS,
+    TIMING,
+    UNACCOUNTED_MOST,
+    restart_run,
+    truth,
+)
 from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
@@ -106,19 +112,7 @@ def test_vmalert_accounts_a_restart_over_two_shards_as_one_prometheus_does(tmp_p
             f"mindformers_train_process_start_timestamp_seconds{ranks}{window}))"
             f" + on (rank) sum by (rank) "
             f"(last_over_time(mindformers_train_time_seconds_total{ranks}{window}))", between)
-        assert len(last_steps) == len(last_events) == RANKS, (last_steps, last_events)
-        high_water = min(last_steps)
-        last = int(TIMING.warmup_seconds // TIMING.step_seconds)
-        checkpoint = resume_step(last, TIMING)
-        # a rank's last scrape before the kill may come several steps (scrape intervals)
-        # before its last step on a loaded machine (seen: 16 of 20 for one rank of 8); the
-        # checkpoint 8 steps back leaves steps to redo however late
-        assert checkpoint == 12 and checkpoint < high_water <= last, last_steps
-        downtime = sum(restarted - event for event in last_events) / RANKS
-        # from each rank's last scraped event: up to a step and a half before the kill, more
-        # for a rank whose last scrapes before it were missed
-        late = (last - high_water + 1.5) * TIMING.step_seconds
-        assert TIMING.restart_pause_seconds < downtime < TIMING.restart_pause_seconds + late
+        high_water, checkpoint, downtime = truth(last_steps, last_events, restarted)
 
         recorded = {r["metric"]["category"]: float(r["value"][1]) for r in store.query(
             f"last_over_time({goodput.CATEGORY_TOTAL}{{{run}}}[1s])", now)}

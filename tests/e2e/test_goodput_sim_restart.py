@@ -23,10 +23,16 @@ from mfotel.alerting.rules import write_rules
 from mfotel.dashboards.queries import ALL, dashboard_queries, substitute
 from mfotel.localstack.alerting import shipped_files
 from mfotel.localstack.servers import Prometheus
-from mfotel.simulation.attempts import resume_step
 from mfotel.simulation.stack import prometheus_config
 from tests.support.paths import ROOT
-from tests.support.restart_sim import AFTER_RESTART, RANKS, TIMING, UNACCOUNTED_MOST, restart_run
+from tests.support.restart_sim import (
+    AFTER_RESTART,
+    RANKS,
+    TIMING,
+    UNACCOUNTED_MOST,
+    restart_run,
+    truth,
+)
 from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
@@ -84,23 +90,11 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
         starts = {float(r["value"][1]) for r in prom.query(
             f"last_over_time(mindformers_train_process_start_timestamp_seconds{ranks}{recent})",
             now)}
-        assert len(last_steps) == len(last_events) == RANKS
-        high_water = min(last_steps)
-        last = int(TIMING.warmup_seconds // TIMING.step_seconds)   # the kill came after it
-        checkpoint = resume_step(last, TIMING)
-        # a rank's last scrape before the kill may come several steps (scrape intervals)
-        # before its last step on a loaded machine (seen: 16 of 20 for one rank of 8); the
-        # checkpoint 8 steps back leaves steps to redo however late
-        assert checkpoint == 12 and checkpoint < high_water <= last, last_steps
+        high_water, checkpoint, downtime = truth(last_steps, last_events, restarted)
         (start_2,) = starts
         assert _one(prom, f'count(last_over_time({{__name__="mindformers_train_rank_info", '
                           f'{run}, attempt="2"}}{recent}))', now) == RANKS
         assert start_2 == pytest.approx(restarted, abs=1e-6), "started when scripted"
-        downtime = sum(restarted - event for event in last_events) / RANKS
-        # from each rank's last scraped event: up to a step and a half before the kill, more
-        # for a rank whose last scrapes before it were missed
-        late = (last - high_water + 1.5) * TIMING.step_seconds
-        assert TIMING.restart_pause_seconds < downtime < TIMING.restart_pause_seconds + late
 
         recorded = {r["metric"]["category"]: float(r["value"][1]) for r in prom.query(
             f"{goodput.CATEGORY_TOTAL}{{{run}}}", now)}

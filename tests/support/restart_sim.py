@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mfotel.simulation.attempts import only_jobs, restart_job
+from mfotel.simulation.attempts import only_jobs, restart_job, resume_step
 from mfotel.simulation.run import SimSettings, Simulation
 from mfotel.simulation.scenario import SimJob, Timing
 
@@ -63,3 +63,24 @@ def restart_run(workdir: Path, prefix: str) -> RestartRun:
     job = restart_job([], nodes=2, ranks_per_node=4, prefix=prefix)
     only_jobs(sim, [job])
     return RestartRun(sim, job)
+
+
+def truth(last_steps: list[float], last_events: list[float], restarted: float
+          ) -> tuple[float, int, float]:
+    """What the records must show, from each rank's last scrape before the kill (its step and
+    its last event): the high-water mark, the checkpoint attempt 2 resumes after and the mean
+    downtime, each checked against the script."""
+    assert len(last_steps) == len(last_events) == RANKS, (last_steps, last_events)
+    high_water = min(last_steps)
+    last = int(TIMING.warmup_seconds // TIMING.step_seconds)   # the kill came after it
+    checkpoint = resume_step(last, TIMING)
+    # a rank's last scrape before the kill may come several steps (scrape intervals) before
+    # its last step on a loaded machine (seen: 16 of 20 for one rank of 8); the checkpoint 8
+    # steps back leaves steps to redo however late
+    assert checkpoint == 12 and checkpoint < high_water <= last, last_steps
+    downtime = sum(restarted - event for event in last_events) / RANKS
+    # from each rank's last scraped event: up to a step and a half before the kill, more for a
+    # rank whose last scrapes before it were missed
+    late = (last - high_water + 1.5) * TIMING.step_seconds
+    assert TIMING.restart_pause_seconds < downtime < TIMING.restart_pause_seconds + late
+    return high_water, checkpoint, downtime
