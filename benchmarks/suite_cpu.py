@@ -101,6 +101,8 @@ def by_module(rows: list[dict]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=25, help="rows of each table")
+    parser.add_argument("--rows", type=Path, default=None,
+                        help="also write each test's CPU (JSON lines) to this file")
     parser.add_argument("command", nargs="*", default=["make", "test"])
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         sampler.join()
         rows = [json.loads(line) for line in tests_file.read_text().splitlines()] \
             if tests_file.exists() else []
+        if args.rows and tests_file.exists():
+            args.rows.write_text(tests_file.read_text())
     programs = sorted(sampler.by_program().items(), key=lambda kv: -kv[1][0])
     total = sum(cpu for _, (cpu, _) in programs)
     print(f"\n# {' '.join(args.command)}: exit {status}, {wall:.0f} s wall, {total:.0f} CPU-s "
