@@ -66,7 +66,7 @@ def expected_seconds(nodeid: str) -> float:
 
 
 #: Modules whose tests share no module-scoped fixture, each test a job of its own: the
-#: whole-job tests, and the promtool runs of every rule setting (13-20 CPU-seconds each; as one
+#: whole-job tests, and the promtool runs of every rule setting (10-15 CPU-seconds each; as one
 #: module on one worker they were a two-minute tail of the suite while the others sat idle).
 ONE_BY_ONE = WHOLE_JOB | {"tests/unit/test_rule_tests.py"}
 #: Workers kept off the whole-job tests: on 2 cores, the computing share of the suite (its

@@ -70,8 +70,8 @@ MOVED = {
 }
 LOOSER = {key: values[0] for key, values in MOVED.items()}
 STRICTER = {key: values[1] for key, values in MOVED.items()}
-#: The settings whose rendered tests promtool runs (a run of all files costs ~45 CPU-seconds,
-#: a fifth of the suite's promtool time each: the selector rides with the stricter thresholds,
+#: The settings whose rendered tests promtool runs (a run of all files, each test with only the
+#: rules it reads, costs ~11 CPU-seconds: the selector rides with the stricter thresholds,
 #: which it is independent of, rather than costing a run of its own).
 SETTINGS = {
     "defaults": {},
@@ -132,8 +132,8 @@ def test_assets_writes_rule_tests_that_promtool_passes(name, tmp_path):
     tests_dir = assets(tmp_path, SETTINGS[name])
     if not SETTINGS[name]:
         # the defaults are the repository's rules and tests, which
-        # test_rules.py::test_promtool_unit_tests_pass runs through promtool (~25 CPU-seconds
-        # a run): written alike, they pass alike
+        # test_rules.py::test_promtool_unit_tests_pass runs through promtool: written alike,
+        # they pass alike
         for folder in ("rules", "tests"):
             written = {p.name: p.read_bytes() for p in (tmp_path / "prometheus" / folder).iterdir()}
             shipped = {p.name: p.read_bytes() for p in (ROOT / "prometheus" / folder).iterdir()}
