@@ -23,9 +23,9 @@ So each rank's departures from the healthy state are recorded, with when and how
 mean time outside the step per step: a rank slow on input each step is no departure),
 `unresponsive` once it lasted max(departure_seconds, departure_step_factor x its mean step
 interval). A departure is held for `cascade_window` after its facts vanished, and is void once
-the rank completes a step after it; a `vanished` one also while a node agent reports the rank,
-and once its agent reported its exit at or after it (the agent's scrapes had failed as the
-rank left).
+the rank completes a step after it; a `vanished` one also while a node agent reported the rank
+within the last minute, and once its agent reported its exit at or after it (the agent's
+scrapes had failed as the rank left).
 
 The job's culprit is the rank that left first (`CULPRIT`), with the ranks the others waited
 for within `departure_seconds` of it (a node's ranks hanging together on its storage). What
@@ -173,6 +173,11 @@ def fresh_departures(cfg: RulesConfig) -> str:
     return "\nor\n".join(parts)
 
 
+#: How long a node agent's last report of a rank voids the rank's `vanished` departure: an
+#: agent's scrapes fail as its node is loaded (seven 1 s scrapes in a row in a full test run,
+#: as its rank held the GIL: the departure turned valid and paged the rank as stalled); a node
+#: lost with its agent and ranks pages this much later.
+_AGENT_HOLD = "1m"
 #: Seconds a step must end after a departure to void it: a recorded copy of a timestamp may
 #: differ from the raw one in its last bits (vmalert and VictoriaMetrics: 7e-7 s at 1.8e9,
 #: which voided a hung rank's own departure, its last step's end), and steps are further apart.
@@ -188,13 +193,13 @@ def _valid(departures: str, end: str) -> str:
 
 
 def _explained(cfg: RulesConfig, departures: str) -> str:
-    """`departures` but a `vanished` one whose rank a node agent reports now, or whose rank's
-    agent reported its exit at or after it: the agent's scrapes had failed as the rank left
-    the healthy state (a loaded node), and the agent's facts tell how it is (`unresponsive`,
-    `stopped`) or how it left (`exited`, `ended`). A rank the agent stops reporting without an
-    exit (the node lost) is vanished again."""
+    """`departures` but a `vanished` one whose rank a node agent reported within _AGENT_HOLD,
+    or whose rank's agent reported its exit at or after it: the agent's scrapes had failed as
+    the rank left the healthy state (a loaded node), and the agent's facts tell how it is
+    (`unresponsive`, `stopped`) or how it left (`exited`, `ended`). A rank the agent stops
+    reporting without an exit (the node lost) is vanished again _AGENT_HOLD later."""
     w = cfg.cascade_window
-    agent_now = _by_rank(cfg.m("mfotel_node_rank_state"))
+    agent_now = _held(cfg, "mfotel_node_rank_state", _AGENT_HOLD)
     exit_seen = _held(cfg, "mfotel_node_rank_exit_timestamp_seconds", w)
     return (f"{departures}\nunless on (job_name, rank, how)\n(\n"
             f'  label_replace(\n{indent(exit_seen, "    ")},\n    "how", "vanished", "", ""\n  )'
