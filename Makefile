@@ -25,7 +25,7 @@ demo:
 # 2026-12-07: 11.9-13.1 min, 1,270-1,430 CPU-s; `benchmarks/suite_cpu.py` prints where the CPU goes
 # (MindSpore job processes ~36%, xdist workers 16%, promtool ~11%, Prometheus 11%). Later that
 # day, each promtool test with only the rules it reads (tests/support/promtool_split.py):
-# promtool 217 -> 63 CPU-s, but the host was slower: 14.4-15.4 min, 1,610-1,770 CPU-s.
+# promtool 217 -> 63 CPU-s, but the host was slower: 14.0-15.7 min, 1,510-1,780 CPU-s.
 # Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
