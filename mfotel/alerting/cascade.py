@@ -199,13 +199,13 @@ def _explained(cfg: RulesConfig, departures: str) -> str:
     (`unresponsive`, `stopped`) or how it left (`exited`, `ended`). A rank the agent stops
     reporting without an exit (the node lost) is vanished again _AGENT_HOLD later."""
     w = cfg.cascade_window
-    agent_now = _held(cfg, "mfotel_node_rank_state", _AGENT_HOLD)
+    agent_recent = _held(cfg, "mfotel_node_rank_state", _AGENT_HOLD)
     exit_seen = _held(cfg, "mfotel_node_rank_exit_timestamp_seconds", w)
     return (f"{departures}\nunless on (job_name, rank, how)\n(\n"
             f'  label_replace(\n{indent(exit_seen, "    ")},\n    "how", "vanished", "", ""\n  )'
             f"\n  >= on (job_name, rank, how)\n"
             f'  {DEPARTURES_HELD}{{how="vanished"}} - {_VOID_MARGIN:g}\n'
-            f'  or\n  label_replace({agent_now}, "how", "vanished", "", "")\n)')
+            f'  or\n  label_replace({agent_recent}, "how", "vanished", "", "")\n)')
 
 
 def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:

@@ -52,14 +52,18 @@ def _rule_writes(rule: dict[str, Any]) -> set[str]:
     return {f"alert {rule['alert']}", _EVERY_ALERT, *_ALERTS}
 
 
-def _closure(roots: set[str], rules: list[dict[str, Any]]) -> set[str]:
-    """The names `roots` read, through every rule writing one of them (an alert's own name
-    with them: ALERTS reads it)."""
+def _reads_by_name(rules: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """What the rules writing each name read (an alert's own name with them: ALERTS reads it)."""
     readers: dict[str, set[str]] = {}
     for rule in rules:
         reads = _rule_reads(rule) | ({f"alert {rule['alert']}"} if "alert" in rule else set())
         for name in _rule_writes(rule):
             readers.setdefault(name, set()).update(reads)
+    return readers
+
+
+def _closure(roots: set[str], readers: dict[str, set[str]]) -> set[str]:
+    """The names `roots` read, through every rule writing one of them."""
     needed: set[str] = set()
     todo = list(roots)
     while todo:
@@ -95,10 +99,11 @@ def split(test_files: Iterable[Path], out: Path) -> list[Path]:
             if path not in groups:
                 groups[path] = (yaml.load(path.read_text(), Loader=_Loader) or {}).get(
                     "groups") or []
-        rules = [rule for path in rule_files for group in groups[path] for rule in group["rules"]]
+        readers = _reads_by_name([rule for path in rule_files for group in groups[path]
+                                  for rule in group["rules"]])
         whole = any("__name__" in path.read_text() for path in rule_files)
         for index, test in enumerate(document["tests"]):
-            needed = _closure(_test_reads(test), rules)
+            needed = _closure(_test_reads(test), readers)
             folder = out / f"{test_file.stem}-{index}"
             folder.mkdir(parents=True)
             names = []
