@@ -145,8 +145,13 @@ def fresh_departures(cfg: RulesConfig) -> str:
                     f"and on (job_name, rank) "
                     f"{_lasted(cfg, answer, step_interval_record(cfg))}")
     stopped = _by_rank(m("mfotel_node_rank_stopped_timestamp_seconds"))
-    failed = _by_rank(m("mindformers_train_end_timestamp_seconds", 'reason="failed"'))
     window = cfg.cascade_window
+    # a rank's own end, over the window: a rank lingering until scraped shows it in one scrape,
+    # which an evaluation can miss (it ran before that scrape was stored, the next after the
+    # rank's series went stale): the node agent's exit then paged as the cause
+    end_at = "mindformers_train_end_timestamp_seconds"
+    own_failure, own_end = m(end_at, 'reason="failed"'), m(end_at, 'reason!="failed"')
+    failed = _by_rank(f"last_over_time({own_failure}[{window}])")
     last_status = _by_rank(f"last_over_time({status}[{window}])")
     completed = _by_rank(f"last_over_time({m('mindformers_train_progress_ratio')}[{window}])")
     agent_ended = _by_rank(f"last_over_time({m('mfotel_node_rank_state', ENDED)}[{window}])")
@@ -163,8 +168,8 @@ def fresh_departures(cfg: RulesConfig) -> str:
                 f"unless on (job_name, rank) {m('mfotel_node_rank_state')}\n"
                 f"unless on (job_name, rank) ({agent_ended} == 1)")
     exit_at = _by_rank(m("mfotel_node_rank_exit_timestamp_seconds"))
-    own_end = _by_rank(m("mindformers_train_end_timestamp_seconds", 'reason!="failed"'))
-    ended = (f"{own_end}\nor on (job_name, rank)\n"
+    last_end = _by_rank(f"last_over_time({own_end}[{window}])")
+    ended = (f"{last_end}\nor on (job_name, rank)\n"
              f"({exit_at} unless on (job_name, rank) {FAILED_EXIT})")
     parts = [_labelled(waited_for, "waited_for"), _labelled(stopped, "stopped"),
              _labelled(unresponsive, "unresponsive"), _labelled(failed, "failed"),
