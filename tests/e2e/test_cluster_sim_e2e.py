@@ -34,11 +34,11 @@ from tests.support.waiting import MIN_LOAD_FACTOR, load_factor, settle, wait_for
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("node_agents", [False, True], ids=["ranks", "ranks-and-node-agents"])
-def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(
-        tmp_path, node_agents):
+def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(tmp_path):
     """With a node agent per node, the dead rank is paged by its agent (RankExited, naming the
-    rank) instead of RankDown, which the agent's report mutes; nothing else changes."""
+    rank) instead of RankDown, which the agent's report mutes; nothing else changes. The same
+    cluster without node agents (the dead rank paged by RankDown) is the sharded topology's
+    (tests/e2e/test_sharded_topology_e2e.py): run twice here, it took 280 s of the suite."""
     # the shortened rules of a simulated run, with a shorter straggler `for` to keep it brief;
     # a minute of warm-up: the throughput rule's baseline, before the compute-bound straggler
     rules = {**SIM_RULES, "straggler_for": "10s"}
@@ -48,7 +48,7 @@ def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(
     stretch = load_factor() / MIN_LOAD_FACTOR
     settings = SimSettings(ranks=32, ranks_per_node=4, processes=2, prefix="t", seed=7,
                            timing=Timing(warmup_seconds=60.0), rules=rules, with_stack=True,
-                           workdir=tmp_path, node_agents=node_agents)
+                           workdir=tmp_path, node_agents=True)
     shipped = yaml.safe_load(shipped_files()["alertmanager"])
     planned = Simulation(settings, tmp_path,
                          lambda labels: route_setting(shipped, labels, "group_wait", "30s"))
@@ -69,8 +69,7 @@ def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(
         "t-main": (("MindFormersStragglerRank",), (str(by_fault["input"].fault_ranks[0]),)),
         "t-compute": (("MindFormersThroughputDrop",), ("",)),
         "t-nan": (("MindFormersLossNotFinite",), (str(by_fault["nan"].fault_ranks[0]),)),
-        "t-rank-down": (("MindFormersRankExited" if node_agents else "MindFormersRankDown",),
-                        (str(by_fault["rank_down"].fault_ranks[0]),)),
+        "t-rank-down": (("MindFormersRankExited",), (str(by_fault["rank_down"].fault_ranks[0]),)),
         "t-hang": (("MindFormersTrainingStalled",), tuple(str(r) for r in range(4, 8)))}
     if STATUS_CANCELLED == STATUS_FAILED:
         expected["t-cancel"] = (("MindFormersTrainingFailed",), tuple(map(str, range(4))))
@@ -87,9 +86,9 @@ def test_small_cluster_pages_once_per_fault_for_the_right_rank_and_nothing_else(
     assert not {name for name, job, _ in firing if job == "t-rank-down"} & {
         "MindFormersRanksMissing", "MindFormersTrainingStalled"}, firing
     dead = str(by_fault["rank_down"].fault_ranks[0])
-    if node_agents:   # the agent reports the rank: RankDown muted at its source (the rule)
-        assert ("MindFormersRankExited", "t-rank-down", dead) in firing
-        assert ("MindFormersRankDown", "t-rank-down", dead) not in firing
+    # the agent reports the rank: RankDown muted at its source (the rule)
+    assert ("MindFormersRankExited", "t-rank-down", dead) in firing
+    assert ("MindFormersRankDown", "t-rank-down", dead) not in firing
     nan_rank = by_fault["nan"].fault_ranks[0]
     assert {("MindFormersLossNotFiniteFollower", "t-nan", str(r)) for r in range(4)
             if r != nan_rank} <= firing

@@ -1,7 +1,8 @@
 """The real mindformers Trainer on CPU, launched through `mfotel-instrument`, scraped while it runs.
 
 Tiny Llama (examples/mindformers), 20 steps in graph mode, the issue's callback entry. What
-/metrics shows must equal what MFLossMonitor and TrainingStateMonitor logged for the same steps.
+/metrics shows must equal what MFLossMonitor and TrainingStateMonitor logged for the same steps,
+and the log tools read its output directory: mfotel's monitor file beside mindformers' info.log.
 """
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import re
 
 import pytest
 
+from mfotel.logs.cli import main as logs_main
+from mfotel.logs.parse import discover
+from tests.support.cli import table_rows
 from tests.support.metrics import value
 from tests.support.tiny_llama import JOB, STEPS, issue_yaml, train
 
@@ -121,3 +125,53 @@ def test_monitor_file_has_the_record_steps(run):
     tmp_path, _, _, _ = run
     lines = (tmp_path / "monitor_logs" / "train_monitor_0.log").read_text().splitlines()
     assert [line.split(",")[0] for line in lines] == ["[Monitor] step: 10", "[Monitor] step: 20"]
+
+
+# ---------------------------------------------------------------- the log tools on its output
+def test_mindformers_output_dir_reads_info_log_and_monitor_file_side_by_side(run):
+    """The run's directory holds mfotel's monitor file and mindformers' info.log: the log
+    tools find both by content and summarise each as its own source."""
+    workdir = run[0]
+    info = workdir / "output" / "log" / "rank_0" / "info.log"
+    monitor = workdir / "monitor_logs" / "train_monitor_0.log"
+    # independent readers of the two files
+    mf_throughput = [float(m) for m in re.findall(r"([\d.]+) samples/s/p", info.read_text())]
+    mf_steps = re.findall(r"step:\[\s*(\d+)/\s*\d+\], loss", info.read_text())
+    monitor_lines = monitor.read_text().splitlines()
+    mfotel_throughput = [float(re.search(r"throughput: ([-+.\deE]+)", line).group(1))
+                         for line in monitor_lines]
+    assert len(mf_steps) == len(mf_throughput) == STEPS and len(monitor_lines) == 2
+
+    found = discover(workdir)
+    assert found.kinds[monitor] == "monitor" and found.kinds[info] == "mindformers-info"
+    out = workdir / "summary.md"
+    assert logs_main(["summary", str(workdir), "-o", str(out), "-q"]) == 0
+    text = out.read_text()
+    rows = {row[1]: row for row in table_rows(text)}
+    assert set(rows) == {"mfotel-text", "mindformers-info"}
+    assert rows["mfotel-text"][2:4] == ["2", "10..20"]
+    assert rows["mindformers-info"][2:4] == ["20", "1..20"]
+    assert float(rows["mfotel-text"][-1]) == pytest.approx(mean(mfotel_throughput), rel=1e-5)
+    assert float(rows["mindformers-info"][-1]) == pytest.approx(mean(mf_throughput), rel=1e-5)
+    assert "per device (`samples/s/p`)" in text and "over the record interval" in text
+
+
+def test_mindformers_output_dir_plots_both_sources(run):
+    from mfotel.logs import plot
+    from mfotel.logs.parse import discover_runs, iter_rows
+    workdir = run[0]
+    figure = plot.build_figure(plot.collect(iter_rows(discover_runs([workdir]))))
+    name = workdir.name
+    labels = {t.get_text() for t in figure.legends[0].get_texts()}
+    assert labels == {f"{name} (mfotel-text)", f"{name} (mindformers-info)"}
+    loss = [ax for ax in figure.axes if ax.get_title() == "loss"][0]
+    points = {line.get_gid(): len(line.get_xdata()) for line in loss.lines
+              if (line.get_gid() or "").endswith("/raw")}
+    assert points == {f"{name}/0/mfotel-text/loss/raw": 2,
+                      f"{name}/0/mindformers-info/loss/raw": 20}
+    out = plot.save(figure, workdir / "curves.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)

@@ -35,3 +35,9 @@ def instrument_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str,
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.setenv("LOG_MF_PATH", str(tmp_path / "mindformers-log"))
     return dict(os.environ)
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    """Cells of the table lines below the header of a `mfotel summary` table."""
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
