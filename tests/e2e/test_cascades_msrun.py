@@ -50,6 +50,10 @@ CRITICAL_GROUP_INTERVAL = 10.0
 #: page long before the time-out, which 120 s keeps: the short stall pages at ~25 s, the shipped
 #: threshold is 900 s.)
 LONG_TIMEOUT = {"MS_NODE_TIMEOUT": "120"}
+#: Seconds a rank's /metrics stays up after its training ended, for the final scrape (30 s as
+#: shipped, here without waiting to be scraped): 5 s was shorter than the 1 s scrapes of a rank
+#: failed in a row on a loaded machine, and a completed rank was never seen completing.
+LINGER = 15
 
 
 def _job(workdir: Path, fault: str, **options: Any) -> FaultyJob:
@@ -216,7 +220,7 @@ def test_an_exception_pages_its_rank_not_the_ranks_killed_after_it(tmp_path, lau
     SIGKILL and vanishing: context)."""
     trigger = tmp_path / "raise-now"
     with _job(tmp_path, "raise", trigger=trigger, launcher=launcher,
-                   step_sleep=STEP_SLEEP, linger_seconds=5) as job:
+                   step_sleep=STEP_SLEEP, linger_seconds=LINGER) as job:
         seen = job.watch()
         job.wait_running(seconds=3)
         raised = job.trigger()
@@ -239,7 +243,7 @@ def test_a_clean_finish_with_long_end_work_pages_nobody(tmp_path):
     ranks_missing_for after rank 1 completed and left: nobody is missing, nothing pages."""
     end_work = 2 * 20 + 10   # JOB_RULES.ranks_missing_for is 20s
     with _job(tmp_path, "none", steps=150, step_sleep=STEP_SLEEP, end_work=end_work,
-              end_work_rank=0, linger_seconds=5) as job:
+              end_work_rank=0, linger_seconds=LINGER) as job:
         seen = job.watch()
         job.wait_running()   # scraped: "nothing paged" must not hold for a job never seen
         wait_for(job.processes_gone, settle(300 + end_work), 1.0, "the job completed",
@@ -261,7 +265,7 @@ def test_the_nan_origin_stays_over_the_jobs_end_and_a_finishing_job_misses_nobod
     trigger = tmp_path / "nan-now"
     end_work = 2 * 20 + 10   # JOB_RULES.ranks_missing_for is 20s
     with _job(tmp_path, "nan", trigger=trigger, steps=200, step_sleep=STEP_SLEEP,
-              end_work=end_work, end_work_rank=0, linger_seconds=5) as job:
+              end_work=end_work, end_work_rank=0, linger_seconds=LINGER) as job:
         seen = job.watch()
         job.wait_running(seconds=5)
         job.trigger()

@@ -84,9 +84,10 @@ def test_compute_bound_straggler_blames_no_rank_and_the_job_slows(tmp_path):
     device) with a busy process pinned to its core. Every rank's step lengthens alike: no rank
     is named, the job's throughput alert fires."""
     trigger = tmp_path / "slow-now"
-    # steps of at least 50 ms: the job outlasts the test however idle the machine
+    # steps of at least 0.2 s: the job outlasts the test however idle the machine, and a rank
+    # spends ~5 ms of CPU a step (at 0.05 s, 10% of a core each for 4 minutes)
     with FaultyJob(tmp_path, "compute", seconds=1.0, pin=True, trigger=trigger,
-                   step_sleep=0.05) as job:
+                   step_sleep=0.2) as job:
         job.wait_running()
         # a baseline for the throughput rule: its window plus its baseline window of steps
         rank0 = job.sel('rank="0"')

@@ -58,7 +58,7 @@ def test_killed_rank_fires_rank_down_for_that_rank_only(tmp_path):
                 env = child_env(RANK_ID=str(rank), RANK_SIZE="2", LOCAL_RANK=str(rank),
                                 LOCAL_WORLD_SIZE="2")
                 ranks[rank] = start([sys.executable, str(EXAMPLE), "--steps", "3000",
-                                     "--step-sleep", "0.05", "--port", str(base),
+                                     "--step-sleep", "0.2", "--port", str(base),
                                      "--job-name", JOB], env, tmp_path / f"rank{rank}.log",
                                     tmp_path)
             running = f'mindformers_train_status{{job_name="{JOB}", cluster="ci"}} == 1'

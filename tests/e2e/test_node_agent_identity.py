@@ -82,7 +82,7 @@ class Launched:
     def train(self, port: int) -> list[str]:
         """The rank's command line: it trains until stopped, OTelMonitor configured in code."""
         return [sys.executable, str(EXAMPLE), "--port", str(port), "--job-name", JOB,
-                "--steps", "100000", "--step-sleep", "0.05", "--truth-dir", str(self.truth)]
+                "--steps", "100000", "--step-sleep", "0.2", "--truth-dir", str(self.truth)]
 
     def rank_pid(self) -> int:
         """The rank's pid, as it wrote it at train begin."""

@@ -46,6 +46,9 @@ GIL_SECONDS = 60
 #: The rank endpoint's linger and the node agent's, in seconds: the agent's outlasts one
 #: scrape + evaluation + group_wait, so the page of a rank that ended goes out firing.
 RANK_LINGER, NODE_LINGER = 20.0, 20.0
+#: Each rank sleeps this long inside each step (a bare step costs a rank ~5 ms of CPU: at
+#: 0.05 s, 10% of a core each for the whole test).
+STEP_SLEEP = 0.2
 #: Shipped thresholds except these (a test cannot wait 10 minutes for a warning).
 RULES = RulesConfig(rank_down_for="5s", ranks_missing_for="5s", rank_unresponsive_for="10s")
 #: Alertmanager's group_wait for critical alerts in the shipped alertmanager.yml.
@@ -76,7 +79,7 @@ class AgentMsrunJob:
                  "--join=True", f"--log_dir={work / 'logs'}", str(TRAIN),
                  "--fault-dir", str(self.faults), "--steps", str(steps), "--port",
                  str(self.rank_port), "--job-name", JOB, "--linger-seconds", str(RANK_LINGER),
-                 "--step-sleep", "0.05", "--log-rank", "0"]
+                 "--step-sleep", str(STEP_SLEEP), "--log-rank", "0"]
         self.log = work / "launcher.log"
         # MS_NODE_TIMEOUT is also how long msrun's scheduler waits for a dead worker
         timeout = {"MS_NODE_TIMEOUT": str(collective_timeout)} if collective_timeout else {}
@@ -348,7 +351,7 @@ def test_an_ha_pair_sees_how_every_rank_ended_and_pages_neither(tmp_path, msrun_
     (exit 0, completed) are scraped by both: neither pages MindFormersRankDown, also where a
     server's scrapes of the agent failed as the ranks ended (seen under load: the rank vanished
     for that server, and the agent's exit facts came 7 s later)."""
-    job = msrun_agent_job(steps=120)
+    job = msrun_agent_job(steps=60)
     # the agent's facts must come within rank_down_for (2m shipped): 15 s, not 5, on a machine
     # loaded with the suite
     thresholds = replace(RULES, rank_down_for="15s")
