@@ -82,8 +82,9 @@ def test_vmalert_accounts_a_restart_over_two_shards_as_one_prometheus_does(tmp_p
                 wall[0] > restarted + TIMING.startup_seconds
         # the attempts count an interval late (what landed in the store an interval ago)
         # (counted late: at least LATE_SECONDS after the shards' samples)
+        # (a query timing out on a loaded machine is "not yet", not a failure)
         wait_for(accounted, settle(20.0 + LATE_SECONDS), 1.0,
-                 "two attempts in vmalert's goodput records",
+                 "two attempts in vmalert's goodput records", ignore=(OSError,),
                  details=lambda: _diagnosis(stack, run))
 
         def landed() -> float | None:
