@@ -151,18 +151,24 @@ def test_procfs_reads_a_live_process_and_its_listening_socket():
 
 
 def test_a_zombie_shows_its_exit_status_until_its_parent_reaps_it():
-    """What the agent reads of msrun's workers: not its children, reaped a second late."""
+    """What the agent reads of msrun's workers: not its children, reaped late (here once the
+    test read the zombie: a parent reaping 2 s after the exit left a loaded machine's test too
+    little time to see it)."""
     parent = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time\n"
+        "import subprocess, sys\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import os; os._exit(3)'])\n"
-        "print(child.pid, flush=True); time.sleep(2); child.wait()")],
-        stdout=subprocess.PIPE, text=True)
-    pid = int(parent.stdout.readline())
-    stat = wait_for(lambda: (s := procfs.read_stat(pid)) and s.ended and s,
-                    settle(10), 0.25, "a zombie")
-    assert os.waitstatus_to_exitcode(stat.exit_status) == 3
-    parent.wait(timeout=30)
-    assert procfs.read_stat(pid) is None
+        "print(child.pid, flush=True); input(); child.wait()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        stat = wait_for(lambda: (s := procfs.read_stat(pid)) and s.ended and s,
+                        settle(10), 0.25, "a zombie")
+        assert os.waitstatus_to_exitcode(stat.exit_status) == 3
+        parent.communicate("\n", timeout=60)
+        assert procfs.read_stat(pid) is None
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
 
 
 def test_a_pidfd_tells_the_exit_status_after_the_parent_reaped():
