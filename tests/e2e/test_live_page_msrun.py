@@ -24,7 +24,8 @@ def overview(url: str) -> dict:
 
 def test_rank_0s_page_shows_both_ranks_of_an_msrun_job(tmp_path):
     base = free_port_block(2)
-    args = ["--steps", "400", "--port", str(base), "--job-name", "live-dp",
+    # it trains until stopped: on a loaded machine 400 steps ended before the browser came up
+    args = ["--steps", "100000", "--port", str(base), "--job-name", "live-dp",
             "--step-sleep", "0.05", "--log-rank", "0"]
     run = start(msrun_command(args, free_port(), tmp_path / "logs"), child_env(),
                 tmp_path / "msrun.log", tmp_path)

@@ -35,7 +35,7 @@ from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, VENV_BIN, child_env, free_port_block, stop
 from tests.support.processes import running, session, tree
 from tests.support.scripts.handover import write_atomically
-from tests.support.waiting import settle, wait_for
+from tests.support.waiting import settle, under_load, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -297,8 +297,9 @@ def test_a_rank_that_ends_pages_once_naming_it_and_the_cause(tmp_path, msrun_age
         print(f"\n{fault}: {expected} received {delay:.2f} s after the fault")
         labels = page.labels
         assert (labels["job_name"], labels["rank"], labels["severity"]) == (JOB, "1", "critical")
-        # one scrape + one evaluation + the critical route's group_wait (+ load margin)
-        assert delay < 1 + 1 + CRITICAL_GROUP_WAIT + 3.0
+        # one scrape + one evaluation + the critical route's group_wait (+ margin, times the
+        # load: 16.9 s was seen with the suite at a load of 17 on 2 cores)
+        assert delay < CRITICAL_GROUP_WAIT + under_load(1 + 1 + 3.0)
         if fault == "SIGKILL":
             assert (labels["cause"], labels["signal"], labels["signal_name"]) == \
                 ("signal", "9", "SIGKILL")
