@@ -27,7 +27,8 @@ demo:
 # day, each promtool test with only the rules it reads (tests/support/promtool_split.py):
 # promtool 217 -> 63 CPU-s, but the host was slower: 14.0-15.7 min, 1,510-1,780 CPU-s.
 # Later still (a slower host: importing MindSpore 3.5-3.9 CPU-s, not 2.8; a load average of
-# 17-24, every process ~10x slower than alone): 17-23 min, 1,940-2,670 CPU-s.
+# 17-24, every process ~10x slower than alone): 17-23 min, 1,940-2,670 CPU-s (one run 30.6
+# min: a failing test waited out its 1,291 s time-out).
 # Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
