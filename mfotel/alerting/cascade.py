@@ -88,8 +88,8 @@ def _by_rank(expr: str) -> str:
     return f"max by (job_name, rank) ({expr})"
 
 
-def _held(cfg: RulesConfig, name: str, window: str = _POSITION_HOLD) -> str:
-    return _by_rank(f"last_over_time({cfg.m(name)}[{window}])")
+def _held(cfg: RulesConfig, name: str, window: str = _POSITION_HOLD, *matchers: str) -> str:
+    return _by_rank(f"last_over_time({cfg.m(name, *matchers)}[{window}])")
 
 
 def _labelled(expr: str, how: str) -> str:
@@ -150,11 +150,10 @@ def fresh_departures(cfg: RulesConfig) -> str:
     # which an evaluation can miss (it ran before that scrape was stored, the next after the
     # rank's series went stale): the node agent's exit then paged as the cause
     end_at = "mindformers_train_end_timestamp_seconds"
-    own_failure, own_end = m(end_at, 'reason="failed"'), m(end_at, 'reason!="failed"')
-    failed = _by_rank(f"last_over_time({own_failure}[{window}])")
-    last_status = _by_rank(f"last_over_time({status}[{window}])")
-    completed = _by_rank(f"last_over_time({m('mindformers_train_progress_ratio')}[{window}])")
-    agent_ended = _by_rank(f"last_over_time({m('mfotel_node_rank_state', ENDED)}[{window}])")
+    failed = _held(cfg, end_at, window, 'reason="failed"')
+    last_status = _held(cfg, "mindformers_train_status", window)
+    completed = _held(cfg, "mindformers_train_progress_ratio", window)
+    agent_ended = _held(cfg, "mfotel_node_rank_state", window, ENDED)
     # last seen running, gone, and no node agent reports it (or its last word was an end)
     # last seen alive: its last scrape, or its last step when that ended after the scrape
     # began (the body is rendered a moment after Prometheus stamps the scrape)
@@ -168,7 +167,7 @@ def fresh_departures(cfg: RulesConfig) -> str:
                 f"unless on (job_name, rank) {m('mfotel_node_rank_state')}\n"
                 f"unless on (job_name, rank) ({agent_ended} == 1)")
     exit_at = _by_rank(m("mfotel_node_rank_exit_timestamp_seconds"))
-    last_end = _by_rank(f"last_over_time({own_end}[{window}])")
+    last_end = _held(cfg, end_at, window, 'reason!="failed"')
     ended = (f"{last_end}\nor on (job_name, rank)\n"
              f"({exit_at} unless on (job_name, rank) {FAILED_EXIT})")
     parts = [_labelled(waited_for, "waited_for"), _labelled(stopped, "stopped"),
