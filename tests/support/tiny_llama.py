@@ -75,8 +75,14 @@ def train(tmp_path: Path, config: Path, port: int, every: float = 0.05) -> Train
         process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=console,
                                    stderr=subprocess.STDOUT)
         def completed() -> bool:
-            snapshots.append(samples(scrape(url)))  # OSError until it serves: not yet
-            return value(snapshots[-1], "mindformers_train_status") == 2
+            body = samples(scrape(url))  # OSError until it serves: not yet
+            # until the run binds its port, another test's process may hold it (ports are
+            # picked free, then bound ~100 s later: a scrape once read another job's step 1)
+            status = value(body, "mindformers_train_status", job_name=JOB)
+            if status is None:
+                return False
+            snapshots.append(body)
+            return status == 2
         try:
             wait_for(completed, settle(RUN_SECONDS), every, "the run reporting completed",
                      alive=[process], ignore=(OSError,),
