@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mfotel.localstack.servers import free_port_block
+from mfotel.localstack.servers import PORTS_ENV, ephemeral_low, free_port_block
 from tests.support import leaks
 from tests.support.endpoint import Pki, make_pki, self_signed
 from tests.support.ranks import RankExporter, rank_exporter
@@ -44,9 +44,23 @@ def _children_get_default_signals() -> None:
 GO_GC_PERCENT = "400"
 
 
+def _own_ports(config: pytest.Config) -> None:
+    """Each xdist worker picks free ports from its own range (PORTS_ENV, inherited by what it
+    starts): a port one worker picked for a job is bound seconds to minutes later, and another
+    worker's job once took it meanwhile (the test scraped another job's step 1)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or PORTS_ENV in os.environ:
+        return
+    index, count = int(workerinput["workerid"].removeprefix("gw")), workerinput["workercount"]
+    low, high = 10000, ephemeral_low()
+    size = (high - low) // count
+    os.environ[PORTS_ENV] = f"{low + index * size}-{low + (index + 1) * size - 1}"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _children_get_default_signals()
     os.environ.setdefault("GOGC", GO_GC_PERCENT)
+    _own_ports(config)
     xdist_controller = bool(getattr(config.option, "numprocesses", None)) \
         and not hasattr(config, "workerinput")
     leaks.mark_this_process(runs_tests=not xdist_controller)

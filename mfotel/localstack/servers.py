@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -32,7 +33,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_port_block(1, host)
 
 
-def _ephemeral_low(default: int = 32768) -> int:
+def ephemeral_low(default: int = 32768) -> int:
     """The first port Linux hands out to outgoing connections (ip_local_port_range)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
@@ -41,14 +42,40 @@ def _ephemeral_low(default: int = 32768) -> int:
         return default
 
 
+#: `LOW-HIGH`: the ports the local stack picks free ports from, both included (default 10000
+#: up to the ephemeral range). Processes that pick ports at once give each its own range: a
+#: port picked free is bound only later (by a training process, 100 s later under load), and
+#: another picker could take it meanwhile (the test suite gives each of its workers a range).
+PORTS_ENV = "MFOTEL_FREE_PORTS"
+
+
+def _port_range(count: int) -> tuple[int, int]:
+    """The range [low, high) the first port of a block of `count` is picked from."""
+    spec = os.environ.get(PORTS_ENV, "").strip()
+    if not spec:
+        low = 10000
+        return low, max(low + count + 1, min(ephemeral_low(), 65536) - count)
+    try:
+        low, high = (int(part) for part in spec.split("-"))
+    except ValueError:
+        low = high = 0
+    if not 1024 <= low <= high <= 65535 or high - low + 1 < count:
+        raise ValueError(f"{PORTS_ENV}={spec!r}: expected LOW-HIGH (both included), 1024 <= "
+                         f"LOW <= HIGH <= 65535, room for {count} port(s), e.g. "
+                         f"{PORTS_ENV}=20000-21999; unset, ports are picked from 10000 up to "
+                         "the ephemeral range")
+    return low, high - count + 2
+
+
 def free_port_block(count: int, host: str | None = "127.0.0.1") -> int:
     """A first port P with P .. P + count - 1 free on `host` (None: every address).
 
     Picked below the ephemeral range: a port in it that is free now can become the source
     port of any outgoing connection (a scrape, a test's client) before a rank binds it.
+    Within PORTS_ENV's range when it is set.
     """
-    rng, low = random.Random(), 10000
-    high = max(low + count + 1, min(_ephemeral_low(), 65536) - count)
+    rng = random.Random()
+    low, high = _port_range(count)
     for _ in range(200):
         base = rng.randrange(low, high)
         try:
