@@ -412,7 +412,10 @@ def test_goodput_panels_account_for_the_run(fed_prometheus):
     data = _api(prom.url, "/api/v1/query_range", {"query": _expr(attempts, start, end),
                                                   "start": start, "end": end, "step": "15s"})
     (series,) = data["result"]
-    assert {float(v) for _, v in series["values"]} == {min(starts) * 1000}
+    # one attempt: at the run's first process start, once both ranks were scraped (the first
+    # rank scraped may show its own start for an evaluation: it started 10 ms later once)
+    marks = [float(v) for _, v in series["values"]]
+    assert marks[-1] == min(starts) * 1000 and set(marks) <= {s * 1000 for s in starts}, marks
 
     # the bars: seconds of each category per evaluation; the saves and the evaluation in the
     # evaluations they ended in. Each bar is read at the records' own evaluation times: a range

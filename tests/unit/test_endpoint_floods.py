@@ -79,16 +79,20 @@ def port_of(url: str) -> int:
     return int(url.split(":")[2].split("/")[0])
 
 
-def webhook(receiver) -> Callable[[int], bool]:
+def webhook(receiver, failures: list[str]) -> Callable[[int], bool]:
     """Alertmanager's webhook from 127.0.0.1 with the token: answered 200? (each attempt a
-    new episode: a new startsAt)"""
+    new episode: a new startsAt); what went wrong with each other attempt, in `failures`"""
     def attempt(index: int) -> bool:
         body = notification(job=f"job-{index}", starts_at=f"2025-01-01T00:{index:02d}:"
                             f"{int(time.time()) % 60:02d}Z")
+        started = time.monotonic()
         try:
-            return post(receiver.url, body, token=TOKEN, timeout=10)[0] == 200
-        except OSError:
-            return False
+            status = post(receiver.url, body, token=TOKEN, timeout=10)[0]
+        except OSError as exc:
+            status = exc
+        if status != 200:
+            failures.append(f"#{index}: {status!r} after {time.monotonic() - started:.1f} s")
+        return status == 200
     return attempt
 
 
@@ -109,8 +113,10 @@ def test_the_receiver_answers_every_authenticated_webhook(receiver, flood: bytes
                                                           sources: list[str],
                                                           per_source: int) -> None:
     attacker = IdleFlood(port_of(receiver.url), sources, per_source, send=flood)
-    answered, total = answered_while(attacker, webhook(receiver))
-    assert (answered, total) == (total, total), f"{answered} of {total} webhooks answered"
+    failures: list[str] = []
+    answered, total = answered_while(attacker, webhook(receiver, failures))
+    assert (answered, total) == (total, total), \
+        f"{answered} of {total} webhooks answered: {failures}; {attacker.stats}"
     assert attacker.stats["closed_by_server"] > 0   # the receiver closed the attacker's places
 
 
