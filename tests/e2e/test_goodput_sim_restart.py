@@ -84,9 +84,9 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
             f"last_over_time(mindformers_train_process_start_timestamp_seconds{ranks}{window})"
             f" + on (job_name, rank) sum by (job_name, rank) "
             f"(last_over_time(mindformers_train_time_seconds_total{ranks}{window}))", between)]
-        # the series' latest values over a few scrapes: a scrape that failed under load (a
-        # staleness marker) must not hide a rank at `now`
-        recent = "[10s]"
+        # the series' latest values since the restart: scrapes that failed under load
+        # (staleness markers; once none answered for 10 s) must not hide a rank at `now`
+        recent = f"[{int(now - restarted)}s]"
         starts = {float(r["value"][1]) for r in prom.query(
             f"last_over_time(mindformers_train_process_start_timestamp_seconds{ranks}{recent})",
             now)}
