@@ -18,8 +18,10 @@ Checks, each problem one line naming the file, the key and the fix:
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -217,12 +219,23 @@ def _mindformers_version() -> str:
         return ""
 
 
+def _log_elsewhere() -> None:
+    """mindformers' log (LOG_MF_PATH, unless set) in a temporary directory of this process,
+    removed at its exit: mindformers' file handlers, opened at its import, outlive any one
+    check (a directory each check made and kept filled /tmp, one per `mfotel check`)."""
+    if "LOG_MF_PATH" in os.environ:
+        return
+    path = tempfile.mkdtemp(prefix="mfotel-check-mindformers-log-")
+    os.environ["LOG_MF_PATH"] = path
+    atexit.register(shutil.rmtree, path, True)
+
+
 @contextlib.contextmanager
 def _quiet_mindformers() -> Iterator[None]:
     """Import and run mindformers without its noise: its log goes to a temporary directory
     (not ./output/log), MindSpore's C++ log is limited to errors, and what both print on
     stdout/stderr while inside is dropped unless something fails (then it is shown)."""
-    os.environ.setdefault("LOG_MF_PATH", tempfile.mkdtemp(prefix="mfotel-check-mindformers-log-"))
+    _log_elsewhere()
     os.environ.setdefault("GLOG_v", "3")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -3,6 +3,8 @@ the native monitor_config, and a quiet command that leaves no ./output behind. T
 mindformers: tests/unit/test_mindformers_check.py."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from mfotel.integrations.mindformers_check import check_mindformers_yaml
@@ -33,8 +35,13 @@ def test_native_validation_through_mindformers(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_mindformers_check_is_quiet(tmp_path):
-    done = mfotel("check", str(EXAMPLE), cwd=tmp_path)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "LOG_MF_PATH"}
+    done = mfotel("check", str(EXAMPLE), cwd=tmp_path, env={**env, "TMPDIR": str(temporary)})
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""                 # no mindformers / MindSpore warnings
     assert not (tmp_path / "output").exists()  # mindformers' log went elsewhere
+    # ... to a temporary directory that the check removed at its exit
+    assert not list(temporary.glob("mfotel-check-mindformers-log-*"))
     assert "callbacks[1] (type: OTelMonitor)" in done.stdout
