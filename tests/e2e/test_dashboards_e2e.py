@@ -338,9 +338,10 @@ def test_run_selector_keeps_the_run_and_drops_other_runs(fed_prometheus):
 
 
 @pytest.fixture(scope="module")
-def empty_prometheus():
+def empty_prometheus(tmp_path_factory):
     assert find_binary(("prometheus",)), "no prometheus binary: apt-get install prometheus"
-    with Prometheus("global:\n  scrape_interval: 15s\n") as prom:
+    with Prometheus("global:\n  scrape_interval: 15s\n",
+                    workdir=tmp_path_factory.mktemp("empty-prometheus")) as prom:
         yield prom
 
 
