@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mfotel.localstack.servers import PORTS_ENV, ephemeral_low, free_port_block
+from mfotel.localstack.servers import PORTS_ENV, PORTS_LOW, ephemeral_low, free_port_block
 from tests.support import leaks
 from tests.support.endpoint import Pki, make_pki, self_signed
 from tests.support.ranks import RankExporter, rank_exporter
@@ -52,7 +52,7 @@ def _own_ports(config: pytest.Config) -> None:
     if workerinput is None or PORTS_ENV in os.environ:
         return
     index, count = int(workerinput["workerid"].removeprefix("gw")), workerinput["workercount"]
-    low, high = 10000, ephemeral_low()
+    low, high = PORTS_LOW, ephemeral_low()
     size = (high - low) // count
     os.environ[PORTS_ENV] = f"{low + index * size}-{low + (index + 1) * size - 1}"
 

@@ -47,14 +47,15 @@ def ephemeral_low(default: int = 32768) -> int:
 #: port picked free is bound only later (by a training process, 100 s later under load), and
 #: another picker could take it meanwhile (the test suite gives each of its workers a range).
 PORTS_ENV = "MFOTEL_FREE_PORTS"
+#: The lowest port picked without PORTS_ENV.
+PORTS_LOW = 10000
 
 
 def _port_range(count: int) -> tuple[int, int]:
     """The range [low, high) the first port of a block of `count` is picked from."""
     spec = os.environ.get(PORTS_ENV, "").strip()
     if not spec:
-        low = 10000
-        return low, max(low + count + 1, min(ephemeral_low(), 65536) - count)
+        return PORTS_LOW, max(PORTS_LOW + count + 1, min(ephemeral_low(), 65536) - count)
     try:
         low, high = (int(part) for part in spec.split("-"))
     except ValueError:
@@ -62,7 +63,7 @@ def _port_range(count: int) -> tuple[int, int]:
     if not 1024 <= low <= high <= 65535 or high - low + 1 < count:
         raise ValueError(f"{PORTS_ENV}={spec!r}: expected LOW-HIGH (both included), 1024 <= "
                          f"LOW <= HIGH <= 65535, room for {count} port(s), e.g. "
-                         f"{PORTS_ENV}=20000-21999; unset, ports are picked from 10000 up to "
+                         f"{PORTS_ENV}=20000-21999; unset, ports are picked from {PORTS_LOW} up to "
                          "the ephemeral range")
     return low, high - count + 2
 
