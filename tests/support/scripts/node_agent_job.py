@@ -13,6 +13,9 @@ one fails (exit 1), or exits 0 when all completed. Each worker serves a promethe
 - hold-<rank> (seconds): hold the GIL that long in one C call (`ctypes.PyDLL` keeps it);
 - alloc-<rank> (MiB): allocate and touch that much memory (to meet a cgroup's limit);
 - exit-<rank> (a status): exit with it; done: every worker exits 0.
+
+With `--cgroup RANK=DIR` that worker starts in the cgroup DIR (before it runs Python, so the
+node agent meets it there from its first look).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from handover import write_atomically
@@ -90,8 +94,10 @@ def launcher(args: argparse.Namespace) -> int:
     for rank in range(args.ranks):
         env = {**base, "MS_ROLE": "MS_WORKER", "RANK_ID": str(rank), "DEVICE_ID": str(rank),
                "MS_NODE_ID": str(rank)}
+        folder = dict(args.cgroup).get(rank)
         workers.append(subprocess.Popen([*script, "--role", "worker"], env=env,
-                                        start_new_session=True))
+                                        start_new_session=True,
+                                        preexec_fn=folder and _join(Path(folder))))
         tails.append(subprocess.Popen(["tail", "-f", "/dev/null"], env=env))
     status = 0
     while True:
@@ -111,6 +117,18 @@ def launcher(args: argparse.Namespace) -> int:
     return status  # as msrun: the workers it killed are left for its parent to reap
 
 
+def _join(folder: Path) -> Callable[[], None]:
+    """For preexec_fn: move the child into the cgroup `folder` ("0": the writer)."""
+    def join() -> None:
+        (folder / "cgroup.procs").write_text("0")
+    return join
+
+
+def _cgroup(text: str) -> tuple[int, str]:
+    rank, _, folder = text.partition("=")
+    return int(rank), folder
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -120,6 +138,8 @@ def main() -> int:
     parser.add_argument("--role", choices=("launcher", "scheduler", "worker"), default="launcher")
     parser.add_argument("--orphan-helpers", action="store_true",
                         help="the ranks' helpers outlive them (a minute), orphaned")
+    parser.add_argument("--cgroup", type=_cgroup, action="append", default=[],
+                        metavar="RANK=DIR", help="start that worker in the cgroup DIR")
     args = parser.parse_args()
     if args.role == "scheduler":
         time.sleep(3600)  # msrun's scheduler waits for the workers; killed by the launcher
