@@ -128,7 +128,8 @@ _S = TypeVar("_S", bound="_Server")
 
 
 class _Server:
-    """A child process with a data dir, a port and a readiness URL; stops what it starts."""
+    """A child process with a data dir, a port and a readiness URL; stops what it starts and
+    removes the data dir it made (when given none)."""
 
     name = "server"
 
@@ -152,8 +153,9 @@ class _Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
-                                   f"{self.log_path.read_text()[-3000:]}")
+                code, log_tail = self.process.returncode, self.log_path.read_text()[-3000:]
+                self.stop()
+                raise RuntimeError(f"{self.name} exited with {code}:\n{log_tail}")
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
                     if response.status == 200:
@@ -161,9 +163,9 @@ class _Server:
             except OSError:
                 pass
             time.sleep(0.1)
+        log_tail = self.log_path.read_text()[-3000:]
         self.stop()
-        raise TimeoutError(f"{self.name} not ready on {self.url} after {timeout}s:\n"
-                           f"{self.log_path.read_text()[-3000:]}")
+        raise TimeoutError(f"{self.name} not ready on {self.url} after {timeout}s:\n{log_tail}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -174,6 +176,8 @@ class _Server:
                 self.process.kill()
                 self.process.wait(timeout=10)
         self.process = None
+        if self._own_dir:  # a directory it made: its data and log go with it
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self: _S) -> _S:
         return self.start()
