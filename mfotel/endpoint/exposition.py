@@ -143,8 +143,9 @@ NOT_A_SCRAPE = "X-Mfotel-Not-A-Scrape"
 NOT_A_SCRAPE_ENVIRON = "HTTP_" + NOT_A_SCRAPE.upper().replace("-", "_")
 
 #: The share of a scrape's time-out (Prometheus' X-Prometheus-Scrape-Timeout-Seconds) within
-#: which a sent body counts as served: the scraper's clock starts before the connection is
-#: accepted here, and its reading ends after the body arrives.
+#: which a sent body counts as served: the scraper's clock starts before its connection is set
+#: up (the time the connection then waits to be accepted is counted), and its reading ends
+#: after the body arrives.
 IN_TIME_SHARE = 0.5
 
 

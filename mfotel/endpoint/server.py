@@ -167,13 +167,14 @@ class _Closed(Exception):
 class _Connection:
     """One accepted socket and where it is in its lifecycle."""
 
-    __slots__ = ("sock", "fd", "client", "accepted", "idle_from", "state", "task", "timer",
-                 "closed", "answered_ok", "trusted", "started", "buffer", "body_left",
+    __slots__ = ("sock", "fd", "client", "accepted", "arrived", "idle_from", "state", "task",
+                 "timer", "closed", "answered_ok", "trusted", "started", "buffer", "body_left",
                  "expect_continue")
 
     def __init__(self, sock: socket.socket, client: str) -> None:
         self.sock, self.fd, self.client = sock, sock.fileno(), client
         self.accepted, self.state = time.monotonic(), WAITING
+        self.arrived = self.accepted     # when its request came (earlier if it waited unaccepted)
         self.idle_from = self.accepted   # the victim rule's age of an idle connection
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -196,6 +197,27 @@ def _readable(conn: _Connection) -> bool:
     poller = select.poll()
     poller.register(conn.fd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+#: Where struct tcp_info (linux/tcp.h) holds tcpi_last_data_sent and tcpi_last_data_recv:
+#: milliseconds since the connection last sent (nothing yet: since it was set up) and received.
+_TCP_INFO_LAST_DATA = 44, 52
+
+
+def _waited_unaccepted(sock: socket.socket) -> float:
+    """Seconds `sock` waited unaccepted, read as it is accepted (Linux's TCP_INFO; 0
+    elsewhere): since the kernel set it up (at its handshake; deferred, at its first bytes),
+    the time its scraper's clock ran while a busy process had not accepted it yet."""
+    option = getattr(socket, "TCP_INFO", None)
+    size = max(_TCP_INFO_LAST_DATA) + 4
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, size) if option else b""
+    except OSError:
+        return 0.0
+    if len(info) < size:
+        return 0.0
+    return max(int.from_bytes(info[at:at + 4], sys.byteorder)
+               for at in _TCP_INFO_LAST_DATA) / 1000.0
 
 
 def _defer_accept(sock: socket.socket, seconds: int) -> bool:
@@ -451,6 +473,7 @@ class Server:
                 self._evict(victim)
         sock.setblocking(False)
         conn = _Connection(sock, client)
+        conn.arrived -= _waited_unaccepted(sock)
         if self.deferred and not _readable(conn):
             # held by the kernel until its deferral ran out (or past a full backlog): idle
             # already, not a client whose request is on its way
@@ -790,11 +813,12 @@ class Server:
             return _plain("500 Internal Server Error")
 
     def _tell_sent(self, environ: Environ, conn: _Connection) -> None:
-        """The app's SENT callback, if it set one: how long the answer took since the accept."""
+        """The app's SENT callback, if it set one: how long the answer took since its request
+        came (waiting to be accepted included)."""
         sent = environ.get(SENT)
         if callable(sent):
             try:
-                sent(time.monotonic() - conn.accepted)
+                sent(time.monotonic() - conn.arrived)
             except Exception as exc:  # noqa: BLE001 - an app's callback must not drop answers
                 self.on_error("server")
                 self._warn_once("sent", "mfotel: %s: %s after an answer (%s)", self.name,

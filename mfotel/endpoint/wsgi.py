@@ -19,8 +19,9 @@ Headers = list[tuple[str, str]]
 #: server then never counts the request's answer as a failure of its client).
 AUTHENTICATED = "mfotel.authenticated"
 #: Environ key an app may set to a callable: the server calls it with the seconds from the
-#: connection's accept to the whole answer handed to the kernel (the metrics app counts a
-#: scrape as served only if its scraper was still waiting for it).
+#: connection's set-up in the kernel (before its accept, which a busy process makes late) to
+#: the whole answer handed to the kernel (the metrics app counts a scrape as served only if
+#: its scraper was still waiting for it).
 SENT = "mfotel.sent"
 
 #: Headers on every response of every endpoint, unless the app sets its own (the live page
