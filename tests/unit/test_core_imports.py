@@ -9,6 +9,7 @@ function cannot hide a cycle or a core module reaching into an optional part.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -166,7 +167,11 @@ def all_imports() -> Iterator[Import]:
         yield from visitor.found
 
 
-IMPORTS = list(dict.fromkeys(all_imports()))  # `from m import a, b`: one edge
+@functools.cache
+def imports() -> list[Import]:
+    """Every import of the package, read once a process when a test first asks (not at
+    collection: each xdist worker collects the suite)."""
+    return list(dict.fromkeys(all_imports()))  # `from m import a, b`: one edge
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -183,7 +188,7 @@ def is_core(module: str) -> bool:
 
 
 def internal() -> list[Import]:
-    return [i for i in IMPORTS if _under(i.target, "mfotel") and i.target in MODULES]
+    return [i for i in imports() if _under(i.target, "mfotel") and i.target in MODULES]
 
 
 def runtime_cycles(imports: list[Import]) -> list[set[str]]:
@@ -229,10 +234,10 @@ def runtime_cycles(imports: list[Import]) -> list[set[str]]:
 # ---------------------------------------------------------------- the source
 def test_the_scan_sees_function_level_and_dynamic_imports():
     """The scanner itself: a lazy import, a TYPE_CHECKING import and an import_module."""
-    found = {(i.importer, i.target, i.where) for i in IMPORTS}
+    found = {(i.importer, i.target, i.where) for i in imports()}
     assert ("mfotel.demo.command", "mindspore.train", "function") in found
     assert ("mfotel.callback", "mindspore.train", "module") in found
-    assert any(i.importer == "mfotel.telemetry" and i.where == "type" for i in IMPORTS)
+    assert any(i.importer == "mfotel.telemetry" and i.where == "type" for i in imports())
     assert ("mfotel.run_parts", "mfotel.alerting.fastpage", "function") in found
     dynamic = _Imports("mfotel.run_parts")
     dynamic.visit(ast.parse("def attach():\n    import_module('.alerting.fastpage', __package__)"))
@@ -267,7 +272,7 @@ def test_demo_and_cli_sit_on_top():
 
 def test_only_the_documented_modules_import_mindspore_or_mindformers():
     bad = []
-    for i in IMPORTS:
+    for i in imports():
         if i.target.split(".")[0] not in FRAMEWORKS:
             continue
         allowed = next((where for prefix, where in FRAMEWORK_IMPORTERS.items()
@@ -378,7 +383,7 @@ def test_core_never_imports_the_optional_parts(with_framework):
     asked: the callback and the cells)."""
     needs_framework = {m for m in CORE_MODULES if any(
         i.importer == m and i.target.split(".")[0] in FRAMEWORKS and i.where == "module"
-        for i in IMPORTS)}
+        for i in imports())}
     modules = [m for m in CORE_MODULES if with_framework or m not in needs_framework]
     code = ("import sys\n"
             + "".join(f"import {name}\n" for name in modules)
