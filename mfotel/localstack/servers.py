@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -13,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -68,8 +70,18 @@ def _port_range(count: int) -> tuple[int, int]:
     return low, high - count + 2
 
 
+#: The ports this process handed out lately (the newest RECENT_PORTS): free when picked, they
+#: are bound only later, and one picked after them must not be one of them (msrun's master
+#: port once took a rank's port picked a moment before: the rank never served /metrics).
+RECENT_PORTS = 256
+_handed: collections.deque[int] = collections.deque(maxlen=RECENT_PORTS)
+_handing = threading.Lock()
+
+
 def free_port_block(count: int, host: str | None = "127.0.0.1") -> int:
-    """A first port P with P .. P + count - 1 free on `host` (None: every address).
+    """A first port P with P .. P + count - 1 free on `host` (None: every address), none of
+    them among the ports this process handed out lately (RECENT_PORTS) while the range has
+    others.
 
     Picked below the ephemeral range: a port in it that is free now can become the source
     port of any outgoing connection (a scrape, a test's client) before a rank binds it.
@@ -77,16 +89,26 @@ def free_port_block(count: int, host: str | None = "127.0.0.1") -> int:
     """
     rng = random.Random()
     low, high = _port_range(count)
-    for _ in range(200):
-        base = rng.randrange(low, high)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as sock:
-                    sock.bind(("" if host in (None, "0.0.0.0") else host, port))
-        except OSError:
-            continue
-        return base
+    with _handing:
+        for avoid_recent in (True, False):
+            for _ in range(200):
+                base = rng.randrange(low, high)
+                if avoid_recent and any(p in _handed for p in range(base, base + count)):
+                    continue
+                if _all_free(base, count, host):
+                    _handed.extend(range(base, base + count))
+                    return base
     raise RuntimeError(f"no {count} consecutive free ports between {low} and {high}")
+
+
+def _all_free(base: int, count: int, host: str | None) -> bool:
+    try:
+        for port in range(base, base + count):
+            with socket.socket() as sock:
+                sock.bind(("" if host in (None, "0.0.0.0") else host, port))
+    except OSError:
+        return False
+    return True
 
 
 def find_binary(names: Sequence[str]) -> str | None:

@@ -42,3 +42,17 @@ def test_a_bad_range_names_the_variable_and_the_fix(monkeypatch, spec):
     message = str(raised.value)
     assert message.startswith(f"{PORTS_ENV}={spec!r}: expected LOW-HIGH") and \
         f"{PORTS_ENV}=20000-21999" in message and "room for 3 port(s)" in message
+
+
+def test_a_port_handed_out_is_not_handed_out_again_while_the_range_has_others(monkeypatch):
+    """A block picked and not bound yet (a rank's ports, bound a minute later) is not picked
+    again: msrun's master port once took a rank's port, and the rank never served /metrics."""
+    low = free_port_block(12)   # 12 ports free now, in a range of their own
+    monkeypatch.setenv(PORTS_ENV, f"{low}-{low + 11}")
+    monkeypatch.setattr(servers, "_handed", servers.collections.deque(
+        maxlen=servers.RECENT_PORTS))
+    block = free_port_block(3)
+    singles = [free_port() for _ in range(9)]   # none bound: all free all along
+    assert sorted([*range(block, block + 3), *singles]) == list(range(low, low + 12))
+    # every port handed out lately: the range's free ones again, rather than none
+    assert low <= free_port() < low + 12
