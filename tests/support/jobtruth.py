@@ -254,8 +254,17 @@ class FaultyJob:
         """`wait_for` (timeout scaled by `settle`) for what needs the job running: a joined
         job that ends first (msrun exits when every rank has) fails the wait at once, with
         the ranks' last log lines. A query that times out is "not yet" (a Prometheus on a
-        machine at a load of 12 took more than 5 s to answer a query now and then)."""
-        return wait_for(predicate, settle(timeout), interval, message,
+        machine at a load of 12 took more than 5 s to answer a query now and then). A rank
+        that cannot serve /metrics (its port taken) fails it at once: nothing awaited can come
+        (a wait once ran out its 22 minutes for it)."""
+        def checked() -> T:
+            for log in (self.workdir / "msrun-logs").glob("worker_*.log"):
+                taken = [line for line in log.read_text(errors="replace").splitlines()
+                         if "cannot serve /metrics" in line]
+                if taken:
+                    raise AssertionError(f"{log.name}: {taken[0]}")
+            return predicate()
+        return wait_for(checked, settle(timeout), interval, message,
                         alive=(self.msrun,) if self.join else (), ignore=(TimeoutError,),
                         details=self.log_tail)
 
