@@ -112,10 +112,10 @@ def framework_table(text: str) -> dict[str, str]:
 
 def test_the_framework_table_names_exactly_the_modules_that_import_mindspore_or_mindformers():
     """Read as tests/unit/test_core_imports.py reads imports (function level included)."""
-    from tests.unit.test_core_imports import FRAMEWORKS, IMPORTS, MODULES
+    from tests.unit.test_core_imports import FRAMEWORKS, MODULES, imports
     table = framework_table(PAGE.read_text())
     found: dict[str, set[str]] = {}
-    for i in IMPORTS:
+    for i in imports():
         top = i.target.split(".")[0]
         if top in FRAMEWORKS:
             path = MODULES[i.importer].relative_to(PACKAGE).as_posix()
