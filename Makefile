@@ -34,8 +34,8 @@ demo:
 # 18.3 min (pytest 17.2), 1,990 CPU-s, load 8-12, green; 10 workers 17.6 min (pytest 15.7),
 # 1,900 CPU-s, load 9-24, 1 failing. The CPU is the same at any count (ranks step faster when
 # less loaded): 10 workers, 5 a core, keep the time and halve the load the tests' waits face.
-# 2026-12-07, a new host (CI's took 15.1 min, pytest 904 s): fresh clones 15.0 and 14.1 min
-# (pytest 14.0 and 13.2), 1,700 and 1,600 CPU-s, both green.
+# 2026-12-07, a new host (CI's took 15.1 min, pytest 904 s): fresh clones 15.0, 14.1, 13.3 and
+# 12.9 min (pytest 14.0, 13.2, 12.6, 12.2), 1,700, 1,600, 1,350 and 1,350 CPU-s.
 # Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
