@@ -21,6 +21,7 @@ protected as the ranks':
 """
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import sys
@@ -99,6 +100,30 @@ def node_port(cfg: MonitorConfig) -> int:
     return prom.port - 1 if prom.port > 1 else 0
 
 
+#: A node directory's name: this prefix, its launcher's pid, a dash, a random suffix.
+NODE_DIR_PREFIX = "mfotel-node-"
+
+
+def _remove_stale_node_dirs(parent: Path) -> None:
+    """Remove this user's node directories in `parent` whose launcher is gone (one killed
+    before its close(), e.g. by SIGKILL, leaves its directory behind); a directory whose pid
+    runs (its launcher, or the pid reused) stays."""
+    try:
+        found = list(parent.glob(f"{NODE_DIR_PREFIX}*-*"))
+    except OSError:
+        return
+    for folder in found:
+        pid = folder.name[len(NODE_DIR_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # gone meanwhile, or a pid of another user: running
+            continue
+
+
 def _note(text: str) -> None:
     try:
         sys.stderr.write(f"mfotel-instrument: {text}\n")
@@ -127,10 +152,12 @@ class NodeService:
 
     def rendezvous(self, env: dict[str, str]) -> dict[str, str]:
         """`env` (the command's) naming the node directory the ranks announce themselves in,
-        made now (mode 0700: the job's user's alone; removed by close()). Unchanged when it
-        cannot be made: the agent then guesses every rank."""
+        made now (mode 0700: the job's user's alone; removed by close(), or by a later
+        launcher once its own is gone). Unchanged when it cannot be made: the agent then
+        guesses every rank."""
+        _remove_stale_node_dirs(Path(tempfile.gettempdir()))
         try:
-            self.node_dir = Path(tempfile.mkdtemp(prefix="mfotel-node-"))
+            self.node_dir = Path(tempfile.mkdtemp(prefix=f"{NODE_DIR_PREFIX}{os.getpid()}-"))
         except OSError as exc:
             _note(f"cannot create the node directory ({exc.strerror or exc}); the node agent "
                   "guesses which process is which rank. Fix: set TMPDIR to a writable directory")

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -872,3 +873,32 @@ def test_announcements_are_checked_and_a_told_end_stays(tmp_path):
         for process in children:
             process.kill()
             process.wait()
+
+
+def test_a_launcher_removes_the_node_directories_its_killed_predecessors_left(tmp_path,
+                                                                              monkeypatch):
+    """A launcher killed before its close() (SIGKILL) leaves its node directory: the next one
+    removes those of this user whose launcher pid is gone, and keeps the others."""
+    from mfotel.node import service as node_service
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / f"{node_service.NODE_DIR_PREFIX}{gone.pid}-abc123"
+    live = tmp_path / f"{node_service.NODE_DIR_PREFIX}{os.getpid()}-def456"
+    odd = tmp_path / f"{node_service.NODE_DIR_PREFIX}x1"
+    for folder in (stale, live, odd):
+        folder.mkdir()
+        (folder / "rank-0.json").write_text("{}")
+    config = tmp_path / "train.yaml"
+    config.write_text("monitor_config:\n  job_name: j\n")
+    service = node_service.NodeService(training_config([], str(config)), linger=0.0)
+    env = service.rendezvous({})
+    try:
+        made = Path(env[node_service.ENV_DIR])
+        assert made.parent == tmp_path and made.name.startswith(
+            f"{node_service.NODE_DIR_PREFIX}{os.getpid()}-")
+        assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted(
+            [live.name, odd.name, made.name])
+    finally:
+        service.close()
+    assert not made.exists() and live.exists()
