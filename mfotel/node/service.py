@@ -100,20 +100,28 @@ def node_port(cfg: MonitorConfig) -> int:
     return prom.port - 1 if prom.port > 1 else 0
 
 
-#: A node directory's name: this prefix, its launcher's pid, a dash, a random suffix.
+#: A node directory's name: this prefix, the host's name, its launcher's pid, a random suffix
+#: (dashes between).
 NODE_DIR_PREFIX = "mfotel-node-"
 
 
+def _node_dir_stem() -> str:
+    """The start of this host's node directories' names (a pid means something on this host
+    only: containers may share a /tmp, each with its own pids)."""
+    return f"{NODE_DIR_PREFIX}{socket.gethostname()}-"
+
+
 def _remove_stale_node_dirs(parent: Path) -> None:
-    """Remove this user's node directories in `parent` whose launcher is gone (one killed
-    before its close(), e.g. by SIGKILL, leaves its directory behind); a directory whose pid
-    runs (its launcher, or the pid reused) stays."""
+    """Remove this user's node directories of this host in `parent` whose launcher is gone
+    (one killed before its close(), e.g. by SIGKILL, leaves its directory behind); a directory
+    whose pid runs (its launcher, or the pid reused) stays."""
+    stem = _node_dir_stem()
     try:
-        found = list(parent.glob(f"{NODE_DIR_PREFIX}*-*"))
+        found = [p for p in parent.iterdir() if p.name.startswith(stem)]
     except OSError:
         return
     for folder in found:
-        pid = folder.name[len(NODE_DIR_PREFIX):].split("-", 1)[0]
+        pid = folder.name[len(stem):].split("-", 1)[0]
         try:
             if not pid.isdigit() or folder.stat().st_uid != os.getuid():
                 continue
@@ -157,7 +165,7 @@ class NodeService:
         guesses every rank."""
         _remove_stale_node_dirs(Path(tempfile.gettempdir()))
         try:
-            self.node_dir = Path(tempfile.mkdtemp(prefix=f"{NODE_DIR_PREFIX}{os.getpid()}-"))
+            self.node_dir = Path(tempfile.mkdtemp(prefix=f"{_node_dir_stem()}{os.getpid()}-"))
         except OSError as exc:
             _note(f"cannot create the node directory ({exc.strerror or exc}); the node agent "
                   "guesses which process is which rank. Fix: set TMPDIR to a writable directory")

@@ -883,10 +883,12 @@ def test_a_launcher_removes_the_node_directories_its_killed_predecessors_left(tm
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.Popen(["true"])
     gone.wait()
-    stale = tmp_path / f"{node_service.NODE_DIR_PREFIX}{gone.pid}-abc123"
-    live = tmp_path / f"{node_service.NODE_DIR_PREFIX}{os.getpid()}-def456"
-    odd = tmp_path / f"{node_service.NODE_DIR_PREFIX}x1"
-    for folder in (stale, live, odd):
+    here = f"{node_service.NODE_DIR_PREFIX}{socket.gethostname()}-"
+    stale, live = tmp_path / f"{here}{gone.pid}-abc123", tmp_path / f"{here}{os.getpid()}-d4"
+    odd = tmp_path / f"{here}x1"
+    # another host's (a container sharing /tmp): its pids are not this host's
+    other = tmp_path / f"{node_service.NODE_DIR_PREFIX}elsewhere-{gone.pid}-e5"
+    for folder in (stale, live, odd, other):
         folder.mkdir()
         (folder / "rank-0.json").write_text("{}")
     config = tmp_path / "train.yaml"
@@ -895,10 +897,9 @@ def test_a_launcher_removes_the_node_directories_its_killed_predecessors_left(tm
     env = service.rendezvous({})
     try:
         made = Path(env[node_service.ENV_DIR])
-        assert made.parent == tmp_path and made.name.startswith(
-            f"{node_service.NODE_DIR_PREFIX}{os.getpid()}-")
+        assert made.parent == tmp_path and made.name.startswith(f"{here}{os.getpid()}-")
         assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted(
-            [live.name, odd.name, made.name])
+            [live.name, odd.name, other.name, made.name])
     finally:
         service.close()
     assert not made.exists() and live.exists()
