@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -123,7 +124,8 @@ def _remove_stale_node_dirs(parent: Path) -> None:
     for folder in found:
         pid = folder.name[len(stem):].split("-", 1)[0]
         try:
-            if not pid.isdigit() or folder.stat().st_uid != os.getuid():
+            info = folder.lstat()  # a symbolic link is no directory of ours
+            if not pid.isdigit() or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
                 continue
             os.kill(int(pid), 0)
         except ProcessLookupError:

@@ -891,6 +891,12 @@ def test_a_launcher_removes_the_node_directories_its_killed_predecessors_left(tm
     for folder in (stale, live, odd, other):
         folder.mkdir()
         (folder / "rank-0.json").write_text("{}")
+    # a link named as a stale directory (anyone may make one in /tmp): what it points to stays
+    target = tmp_path / "kept"
+    target.mkdir()
+    (target / "data").write_text("mine")
+    link = tmp_path / f"{here}{gone.pid}-link"
+    link.symlink_to(target)
     config = tmp_path / "train.yaml"
     config.write_text("monitor_config:\n  job_name: j\n")
     service = node_service.NodeService(training_config([], str(config)), linger=0.0)
@@ -898,8 +904,9 @@ def test_a_launcher_removes_the_node_directories_its_killed_predecessors_left(tm
     try:
         made = Path(env[node_service.ENV_DIR])
         assert made.parent == tmp_path and made.name.startswith(f"{here}{os.getpid()}-")
-        assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted(
-            [live.name, odd.name, other.name, made.name])
+        assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and not p.is_symlink()
+                      ) == sorted([live.name, odd.name, other.name, made.name, target.name])
     finally:
         service.close()
     assert not made.exists() and live.exists()
+    assert link.is_symlink() and (target / "data").read_text() == "mine"
