@@ -110,8 +110,12 @@ def test_a_simulated_restart_is_two_attempts_with_its_recomputed_steps_and_downt
         assert sum(recorded.values()) == pytest.approx(wall, abs=1e-6)
         # the ranks run: what is not accounted yet is the step in progress and the age of the
         # ranks' last scrape, a scrape interval, two where one failed under load (3.23 s
-        # seen); -21 ms seen once beside another stack: the ranks' and the ruler's clocks
-        assert -0.1 <= recorded[goodput.UNACCOUNTED] < UNACCOUNTED_MOST
+        # seen). Below 0 by at most a scrape's duration: a rank's account is as of when it
+        # answered, its sample as of when the scrape began (-0.53 s seen at a load of 20;
+        # -21 ms beside another stack: the ranks' and the ruler's clocks)
+        since = f"[{int(now - start) + 5}s]"
+        slowest = _one(prom, f"max(max_over_time(scrape_duration_seconds{since}))", now)
+        assert -0.1 - slowest <= recorded[goodput.UNACCOUNTED] < UNACCOUNTED_MOST, slowest
 
         # the dashboards' attempt marks: each attempt at its processes' first start
         overview = json.loads((ROOT / "grafana" / "dashboards" /

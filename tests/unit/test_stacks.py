@@ -275,8 +275,9 @@ def test_a_rank_whose_run_ended_lingers_without_captures(child):
 
 
 def test_no_capture_before_the_first_measured_steps(child):
-    rank = child("steps", "--step-seconds", "0.05")
-    rank.control("block")   # blocked before its first step (as a rank compiling its graph)
+    # blocked before its first step (as a rank compiling its graph); blocked by the test after
+    # it started, it once made two steps first on a loaded machine, and was then captured
+    rank = child("steps", "--step-seconds", "0.05", "--start-blocked")
     watcher = stacks.StackWatcher(lambda: [followed(rank)], floor=0.5)
     assert watch_for(watcher, 2.0) == []
 

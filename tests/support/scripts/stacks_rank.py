@@ -10,7 +10,8 @@ begin), unless MODE is `bare`, then writes DIR/ready-<pid> and:
 - gil: holds the GIL in one C call (gil.py: signals do not end it) in `hold_the_gil`; a
   ticker thread writes DIR/tick-<pid> every 20 ms while it can run;
 - steps: steps every S seconds (heartbeat), and obeys DIR/<what>-<pid>: `block` (blocks in
-  `__getitem__` while the file exists), `end` (its run ends: final status, it lingers);
+  `__getitem__` while the file exists; `--start-blocked` makes it before the first step),
+  `end` (its run ends: final status, it lingers);
 - bare: no rendezvous, no handler; a SIGTERM handler writes DIR/sigterm-<pid>.
 """
 from __future__ import annotations
@@ -49,6 +50,8 @@ def main() -> None:
     parser.add_argument("dir")
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--step-seconds", type=float, default=0.05)
+    parser.add_argument("--start-blocked", action="store_true",
+                        help="steps: blocked before the first step (DIR/block-<pid> made)")
     args = parser.parse_args()
     directory, pid = Path(args.dir), os.getpid()
     link = None
@@ -85,6 +88,8 @@ def main() -> None:
         hold_the_gil(600)
     elif args.mode == "steps":
         data = Dataset(lambda: (directory / f"block-{pid}").exists())
+        if args.start_blocked:
+            (directory / f"block-{pid}").write_text("1")
         ready()
         while True:
             data[step]
