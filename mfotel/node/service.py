@@ -123,9 +123,11 @@ def _remove_stale_node_dirs(parent: Path) -> None:
         return
     for folder in found:
         pid = folder.name[len(stem):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
         try:
             info = folder.lstat()  # a symbolic link is no directory of ours
-            if not pid.isdigit() or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
                 continue
             os.kill(int(pid), 0)
         except ProcessLookupError:
