@@ -112,6 +112,12 @@ def _note(text: str) -> None:
         pass  # stderr closed: the job matters more than the note
 
 
+def _listed(procs: Sequence[ProcStat], most: int = 8) -> str:
+    """'pid 12 (python), pid 13 (tail)': which processes did not stop, the first `most`."""
+    named = ", ".join(f"pid {proc.pid} ({proc.name or '?'})" for proc in procs[:most])
+    return named + (f" and {len(procs) - most} more" if len(procs) > most else "")
+
+
 def _name(signum: int) -> str:
     return signal.Signals(signum).name
 
@@ -316,8 +322,9 @@ class Supervisor:
         if cancel.killed_at is None and live and time.monotonic() >= cancel.deadline:
             cancel.killed_at = time.monotonic()
             _note(f"{len(live)} processes of the job still running {self.stop_timeout:g} s "
-                  f"after {_name(cancel.received)}: SIGKILL (a rank killed so pages as down; "
-                  "keep --stop-timeout above the monitor's prometheus.linger_seconds)")
+                  f"after {_name(cancel.received)}: SIGKILL ({_listed(live)}; a rank killed "
+                  "so pages as down; keep --stop-timeout above the monitor's "
+                  "prometheus.linger_seconds)")
             for proc in live:
                 _signal(proc.pid, signal.SIGKILL)
 

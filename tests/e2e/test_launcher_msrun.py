@@ -9,7 +9,6 @@ tests/unit/test_launcher_signals.py.
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -30,6 +29,7 @@ from tests.support.processes import (
     running,
     running_in_groups,
     session,
+    signal_all,
     tree,
 )
 from tests.support.prometheus import INTERVAL, RANK_DOWN_FOR, alerts_until_quiet, rules_prometheus
@@ -139,11 +139,7 @@ def scrapes_of_the_end(prom: Prometheus, job: MsrunJob) -> str:
 
 def signal_every_process(job: MsrunJob, signum: int) -> None:
     """As Slurm cancels a step (proctrack/cgroup): every process of it, launcher included."""
-    for pid in [job.process.pid, *job.processes()]:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
+    signal_all([job.process.pid, *job.processes()], signum)
 
 
 @pytest.mark.slow
@@ -162,7 +158,8 @@ def test_cancelled_msrun_job_reports_cancelled_on_every_rank_and_pages_nobody(
     else:
         signal_every_process(job, signum)  # scancel
     signalled = time.monotonic()
-    assert job.wait(timeout=LINGER + 60) == -signum  # the conventional status
+    # the conventional status
+    assert job.wait(timeout=LINGER + 60) == -signum, scrapes_of_the_end(prom, job)
     assert time.monotonic() - signalled < LINGER + 30
     cancelled = {"0": contract.STATUS_CANCELLED, "1": contract.STATUS_CANCELLED}
     # the final scrapes were answered before the ranks exited; stored a moment later

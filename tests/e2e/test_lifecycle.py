@@ -5,7 +5,6 @@ into MindSpore. Real training processes, real signals, real Prometheus with the 
 rules (test thresholds: `for` of seconds, not minutes)."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -29,6 +28,7 @@ from mfotel.localstack.servers import Prometheus
 from tests.support.metrics import samples, scrape, value
 from tests.support.multirank import EndpointPoller, child_env, stop
 from tests.support.paths import SUPPORT
+from tests.support.processes import children, signal_all
 from tests.support.prometheus import INTERVAL, RANK_DOWN_FOR, alerts_until_quiet, rules_prometheus
 from tests.support.training import at_step
 from tests.support.waiting import settle, startup, wait_for
@@ -264,11 +264,6 @@ def test_sigterm_during_the_final_linger_keeps_completed_and_exits_after_the_scr
     assert run.wait() == -signal.SIGTERM
 
 
-def children(pid: int) -> list[int]:
-    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()]
-
-
 def ended(pid: int) -> bool:
     """Exited: gone, or a zombie its parent has not reaped yet."""
     try:
@@ -285,12 +280,8 @@ def test_dataset_worker_killed_reports_failed_not_cancelled(runs, port):
     with EndpointPoller({"r": run.url}) as poller:
         workers = children(run.process.pid)
         assert workers, "the dataset workers"
-        killed = 0
-        for child in workers:  # one worker's death may end the others before their turn
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-                killed += 1
-        assert killed >= 1
+        # one worker's death may end the others before their turn (and free their pids)
+        assert signal_all(workers, signal.SIGKILL) >= 1
         assert run.wait() == -signal.SIGTERM
     assert value(poller.bodies["r"][-1], "mindformers_train_status") == contract.STATUS_FAILED
     assert "was killed by Killed" in run.stderr() and "status failed" in run.stderr()

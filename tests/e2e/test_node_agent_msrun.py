@@ -33,7 +33,7 @@ from mfotel.localstack.alerting import AlertingStack
 from mfotel.localstack.servers import Prometheus
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, VENV_BIN, child_env, free_port_block, stop
-from tests.support.processes import running, session, tree
+from tests.support.processes import TAG, kill_tagged, running, session, tree
 from tests.support.scripts.handover import write_atomically
 from tests.support.waiting import settle, under_load, wait_for
 
@@ -87,10 +87,8 @@ class AgentMsrunJob:
             self.process = subprocess.Popen(
                 [*INSTRUMENT, "--config", str(config), "--node-probe-interval", "1",
                  "--node-linger", str(NODE_LINGER), *options, *msrun], cwd=work,
-                env=child_env(PWD=str(work), TMPDIR=str(work), **timeout), stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True)
-        self.seen: set[int] = set()
+                env=child_env(PWD=str(work), TMPDIR=str(work), **{TAG: str(work)}, **timeout),
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
     def targets(self) -> list[str]:
@@ -100,7 +98,6 @@ class AgentMsrunJob:
     def workers(self) -> dict[int, int]:
         """rank -> pid of the ranks (msrun starts each in a session of its own)."""
         pids = tree(self.process.pid)
-        self.seen |= set(pids)
         found = {}
         for pid in pids:
             if session(pid) == pid:
@@ -140,15 +137,11 @@ def msrun_agent_job(tmp_path) -> Iterator[Any]:
         return jobs[-1]
     yield start
     for job in jobs:
-        job.workers()
-        leftovers = job.seen | set(tree(job.process.pid))
         # nothing is checked after: the agent's and the ranks' lingers are not waited out
         stop(job.process, timeout=2)
-        for pid in leftovers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # what left the launcher's tree, by the tag it inherited: never by a pid seen earlier,
+        # which another test's process may have taken since (a launcher was SIGKILLed so)
+        kill_tagged(str(job.work))
 
 
 def steps_of(prom: Prometheus, rank: int) -> float:

@@ -12,8 +12,6 @@
 """
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +27,7 @@ from tests.support.browser import BROWSER_TIMEOUT_MS, chromium
 from tests.support.http import get
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, VENV_BIN, child_env, free_port_block, stop
-from tests.support.processes import running, session, tree
+from tests.support.processes import TAG, kill_tagged, running, session, tree
 from tests.support.waiting import msrun_startup, settle, wait_for
 
 pytestmark = pytest.mark.slow
@@ -69,7 +67,7 @@ class StacksJob:
                  "--join=True", f"--log_dir={work / 'logs'}", str(TRAIN),
                  "--port", str(self.rank_port), "--job-name", JOB, "--steps", "100000",
                  "--step-sleep", str(STEP_SLEEP), "--linger-seconds", "5", *fault]
-        extra = {"MFOTEL_NODE_DIR": str(node_dir)}
+        extra = {"MFOTEL_NODE_DIR": str(node_dir), TAG: str(work)}
         if collective_timeout:
             extra["MS_NODE_TIMEOUT"] = str(collective_timeout)
         self.log = work / "launcher.log"
@@ -80,12 +78,10 @@ class StacksJob:
                 env=child_env(PWD=str(work), TMPDIR=str(work), **extra), stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True)
-        self.seen: set[int] = set()
 
     def workers(self) -> dict[int, int]:
         """rank -> pid (msrun starts each rank in a session of its own)."""
         pids = tree(self.process.pid)
-        self.seen |= set(pids)
         found = {}
         for pid in pids:
             if session(pid) != pid:
@@ -141,14 +137,8 @@ def stacks_job(tmp_path) -> Iterator[Any]:
         return jobs[-1]
     yield start
     for job in jobs:
-        job.workers()
-        leftovers = job.seen | set(tree(job.process.pid))
         stop(job.process, timeout=2)
-        for pid in leftovers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tagged(str(job.work))  # what is left, by its tag, never by an old pid
 
 
 def captured(job: StacksJob, rank: int) -> str | None:

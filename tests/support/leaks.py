@@ -16,7 +16,15 @@ import os
 import time
 import uuid
 
-from tests.support.processes import carrying, children, cmdline, kill, proc_stat, tree
+from tests.support.processes import (
+    carrying,
+    children,
+    cmdline,
+    identities,
+    kill_same,
+    proc_stat,
+    tree,
+)
 
 OWNER = "MFOTEL_TEST_OWNER"
 SESSION = "MFOTEL_TEST_SESSION"
@@ -95,5 +103,5 @@ def _environ_names(pid: int) -> set[str]:
 
 def end(found: dict[int, str]) -> str:
     """Kill `found`; a report naming them."""
-    kill(list(found))
+    kill_same(identities(found))
     return "\n".join(f"  pid {pid}: {line}" for pid, line in found.items())

@@ -1,12 +1,20 @@
 """What runs: processes read from /proc (state, group, session, descendants, environment),
 and processes found by a tag in their environment, which every descendant inherits, orphans
 included (an orphan is no one's child any more: only its environment still says whose it is).
+
+A pid alone names no process for long: the kernel reuses pids (32768 of them here, and every
+thread of a MindSpore rank takes one), so a pid a test saw minutes ago may be another test's
+launcher now. What this module kills, it reaches through a pidfd opened before it checked that
+the process is still the one meant (its start time, or its tag): a reused pid is never hit.
 """
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from mfotel.node.procfs import read_stat
 
 #: The environment variable a test sets on what it starts, to find it again (`kill_tagged`).
 TAG = "MFOTEL_TEST_TAG"
@@ -118,13 +126,34 @@ def cmdline(pid: int) -> str:
         return "?"
 
 
-def kill(pids_: list[int]) -> None:
-    """SIGKILL each process; reap those that are this process's children."""
+def identities(pids_: Iterable[int]) -> dict[int, int]:
+    """pid -> start time (clock ticks after boot) of each that runs: a process, not a number."""
+    found = {}
     for pid in pids_:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
+        stat = read_stat(pid)
+        if stat is not None and not stat.ended:
+            found[pid] = stat.start_ticks
+    return found
+
+
+def _kill_if(pid: int, still_it: Callable[[int], bool]) -> bool:
+    """SIGKILL `pid` if `still_it(pid)` holds once a pidfd on it is open; whether it was sent."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:   # gone
+        return False
+    try:
+        if not still_it(pid):
+            return False   # another process took the pid meanwhile
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def _reap(pids_: Iterable[int]) -> None:
     for pid in pids_:
         try:
             os.waitpid(pid, 0)
@@ -132,9 +161,42 @@ def kill(pids_: list[int]) -> None:
             pass
 
 
+def signal_all(pids_: Iterable[int], signum: int) -> int:
+    """Send `signum` to each process, held by pidfds opened before the first is sent: a death
+    the signal causes cannot hand a pid on to a process it then reaches. How many got it."""
+    fds = []
+    for pid in pids_:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except OSError:   # gone
+            continue
+    sent = 0
+    try:
+        for fd in fds:
+            try:
+                signal.pidfd_send_signal(fd, signum)
+                sent += 1
+            except ProcessLookupError:
+                pass
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return sent
+
+
+def kill_same(seen: dict[int, int]) -> None:
+    """SIGKILL each process of `identities()` that is still the one seen (same start time);
+    reap those that are this process's children."""
+    def same(pid: int) -> bool:
+        stat = read_stat(pid)
+        return stat is not None and stat.start_ticks == seen[pid]
+    _reap([pid for pid in seen if _kill_if(pid, same)])
+
+
 def kill_tagged(tag: str) -> list[str]:
-    """Kill every process started with TAG=`tag`; their command lines."""
+    """Kill every process started with TAG=`tag` (checked again through its pidfd); their
+    command lines."""
     found = carrying(TAG, tag)
     lines = [cmdline(pid) for pid in found]
-    kill(found)
+    _reap([pid for pid in found if _kill_if(pid, lambda p: environ_has(p, TAG, tag))])
     return lines

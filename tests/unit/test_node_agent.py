@@ -31,7 +31,7 @@ from mfotel.node.agent import PORT_WINDOW, Exit, RankView, rank_info, rank_of
 from mfotel.node.service import config_argument, node_port, training_config
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, child_env, free_port_block, stop_launcher
-from tests.support.processes import running, tree
+from tests.support.processes import TAG, kill_tagged, running, tree
 from tests.support.scripts.handover import write_atomically
 from tests.support.waiting import settle, wait_for
 
@@ -323,12 +323,12 @@ class AgentJob:
                  sys.executable, str(JOB_SCRIPT), "--ranks", str(ranks), "--port",
                  str(self.rank_port), "--job-name", JOB, "--control", str(self.control),
                  *script_options],
-                env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                env=child_env(**{TAG: str(self.control)}), stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
         self.pids = [int(wait_for(lambda r=r: self._pid(r),
                                   settle(60),
                                   0.25, f"rank {r} started",
                                   alive=(self.process,))) for r in range(ranks)]
-        self.seen = set(tree(self.process.pid))
 
     def _pid(self, rank: int) -> str | None:
         path = self.control / f"pid-{rank}"
@@ -373,17 +373,11 @@ def agent_job(tmp_path) -> Iterator[Any]:
     yield start
     for job in jobs:
         (job.control / "done").write_text("")
-        leftovers = job.seen | set(tree(job.process.pid))
-        # helpers orphaned on purpose (--orphan-helpers) are no longer below the launcher
-        leftovers |= {int(text) for f in job.control.glob("helper-*")
-                      if (text := f.read_text().strip()).isdigit()}
         # nothing is checked after: the agent's linger (its final scrape) is not waited out
         stop_launcher(job.process)
-        for pid in leftovers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # what is left, helpers orphaned on purpose (--orphan-helpers) included, by the tag
+        # they inherited: never by a pid seen earlier, which another process may have taken
+        kill_tagged(str(job.control))
 
 
 def until(check: Any, what: str, timeout: float = 30.0) -> Any:
@@ -666,8 +660,8 @@ class Wrapped(AgentJob):
                 [*INSTRUMENT, "--config", str(config), "--node-probe-interval",
                  str(PROBE_INTERVAL), "--node-linger", str(linger), "bash", "-c",
                  line.format(rank=rank, rank_port=self.rank_port)],
-                env=child_env(**(env or {})), stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                env=child_env(**{**(env or {}), TAG: str(self.control)}), stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True)
 
     def pid(self, name: str) -> int:
         return int(wait_for(lambda: self._pid(name), settle(60), 0.1, f"{name} started",
@@ -689,14 +683,8 @@ def wrapped_job(tmp_path) -> Iterator[Any]:
     yield start
     for job in jobs:
         (job.control / "done").write_text("")
-        leftovers = set(tree(job.process.pid)) | {
-            int(text) for f in job.control.glob("pid-*") if (text := f.read_text()).isdigit()}
         stop_launcher(job.process)  # the agent's linger is not waited out
-        for pid in leftovers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tagged(str(job.control))  # what is left, by its tag, never by an old pid
 
 
 @pytest.mark.parametrize("env", [{"RANK_ID": "0", "RANK_SIZE": "1"}, {}],
