@@ -140,7 +140,7 @@ def msrun_agent_job(tmp_path) -> Iterator[Any]:
         # nothing is checked after: the agent's and the ranks' lingers are not waited out
         stop(job.process, timeout=2)
         # what left the launcher's tree, by the tag it inherited: never by a pid seen earlier,
-        # which another test's process may have taken since (a launcher was SIGKILLed so)
+        # which another process may have taken since
         kill_tagged(str(job.work))
 
 

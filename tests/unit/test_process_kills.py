@@ -1,9 +1,8 @@
 """The suite's own process killing (tests/support/processes.py) reaches only the process meant.
 
-pids are reused (32768 here, every MindSpore thread takes one): a fixture that SIGKILLed every
-pid it had seen during its test once killed another test's launcher, which then ended "killed by
-SIGKILL". Real processes here; a reused pid is stood in for by a recorded identity (start time)
-or tag that the live process does not have.
+pids are reused (pid_max is 32768 here, and every MindSpore thread takes one): a pid a test saw
+earlier may name another process by the time it is killed. Real processes here; a reused pid is
+stood in for by a recorded identity (start time) or tag that the live process does not have.
 """
 from __future__ import annotations
 
