@@ -3,8 +3,8 @@ and processes found by a tag in their environment, which every descendant inheri
 included (an orphan is no one's child any more: only its environment still says whose it is).
 
 A pid alone names no process for long: the kernel reuses pids (32768 of them here, and every
-thread of a MindSpore rank takes one), so a pid a test saw minutes ago may be another test's
-launcher now. What this module kills, it reaches through a pidfd opened before it checked that
+thread of a MindSpore rank takes one), so a pid a test saw earlier may name another process by
+the time it is killed. What this module kills, it reaches through a pidfd opened before it checked that
 the process is still the one meant (its start time, or its tag): a reused pid is never hit.
 """
 from __future__ import annotations
