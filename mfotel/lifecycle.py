@@ -122,6 +122,15 @@ def _children() -> list[int]:
     return pids
 
 
+def note(text: str) -> None:
+    """One line on stderr, written straight to fd 2: the signal path's threads must not wait
+    for a lock (logging's, sys.stderr's) that the interrupted main thread may hold."""
+    try:
+        os.write(2, f"{text}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
 def _flush_stdio() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:

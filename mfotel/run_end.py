@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -221,17 +222,28 @@ def show_status(parts: RunParts, status: int, reason: str) -> None:
         parts.node_link.run_ended(ended)
 
 
-def linger(parts: RunParts) -> bool:
-    """Keep /metrics up for the final scrape; whether a scrape saw the final values."""
+def linger(parts: RunParts, signalled: int | None = None) -> bool:
+    """Keep /metrics up for the final scrape; whether a scrape saw the final values. After a
+    signal (`signalled`) the wait and its outcome go to stderr (lifecycle.note): why a
+    cancelled process is still there, and why it then left."""
     prom, telemetry = parts.config.prometheus, parts.exporter.telemetry
     if not prom.linger_seconds or telemetry.endpoint is None:
         return False
-    log.info("mfotel: keeping /metrics up for the final scrape (at most %.0f s)",
-             prom.linger_seconds)
-    if prom.linger_until_scraped:
-        return telemetry.wait_scraped(prom.linger_seconds)
-    time.sleep(prom.linger_seconds)
-    return False
+    waiting = f"keeping /metrics up for the final scrape (at most {prom.linger_seconds:.0f} s)"
+    if signalled is None:
+        log.info("mfotel: %s", waiting)
+    else:
+        lifecycle.note(f"mfotel: {signal.Signals(signalled).name}: {waiting}")
+    if not prom.linger_until_scraped:
+        time.sleep(prom.linger_seconds)
+        return False
+    began = time.monotonic()
+    scraped = telemetry.wait_scraped(prom.linger_seconds)
+    if signalled is not None:
+        lifecycle.note(f"mfotel: the final status was scraped after "
+                       f"{time.monotonic() - began:.1f} s" if scraped else
+                       f"mfotel: no scrape read the final status in {prom.linger_seconds:.0f} s")
+    return scraped
 
 
 def shutdown_steps(parts: RunParts, end: RunEnd, last_step: int
@@ -245,7 +257,7 @@ def shutdown_steps(parts: RunParts, end: RunEnd, last_step: int
     lines = parts.lines
 
     def keep_up() -> None:
-        end.final_scraped = linger(parts)
+        end.final_scraped = linger(parts, end.signalled)
 
     def close_listeners() -> None:
         for listener in parts.listeners:

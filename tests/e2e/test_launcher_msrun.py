@@ -170,6 +170,13 @@ def test_cancelled_msrun_job_reports_cancelled_on_every_rank_and_pages_nobody(
     assert [pid for pid in processes if running(pid)] == []
     assert running_in_groups(set(processes.values())) == []
     assert "Traceback" not in (job.work / "logs" / "worker_0.log").read_text(errors="replace")
+    # each rank said why it stayed after the signal, and that its final status was read (as
+    # SIGTERM after SIGINT too: MindSpore's SIGINT handler sends the rank SIGTERM)
+    for log in sorted((job.work / "logs").glob("worker_*.log")):
+        told = log.read_text(errors="replace")
+        assert "mfotel: SIGTERM: keeping /metrics up for the final scrape (at most " \
+               f"{LINGER:.0f} s)" in told, told[-2000:]
+        assert "mfotel: the final status was scraped after " in told, told[-2000:]
 
 
 @pytest.mark.slow

@@ -4,8 +4,9 @@ included (an orphan is no one's child any more: only its environment still says 
 
 A pid alone names no process for long: the kernel reuses pids (32768 of them here, and every
 thread of a MindSpore rank takes one), so a pid a test saw earlier may name another process by
-the time it is killed. What this module kills, it reaches through a pidfd opened before it checked that
-the process is still the one meant (its start time, or its tag): a reused pid is never hit.
+the time it is killed. What this module kills, it reaches through a pidfd opened before it
+checked that the process is still the one meant (its start time, or its tag): a reused pid is
+never hit.
 """
 from __future__ import annotations
 
