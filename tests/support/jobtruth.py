@@ -122,6 +122,7 @@ class FaultyJob:
         #: the start-up's (under the suite's load a rank may come up 20 s after another, and
         #: JOB_RULES' ranks_missing_for is 20s), outside what a fault test counts.
         self.running_at: float | None = None
+        self._logs_read: dict[Path, int] = {}   # how far _port_taken read each rank's log
 
     # ------------------------------------------------------------ lifecycle
     def __enter__(self) -> FaultyJob:
@@ -258,15 +259,27 @@ class FaultyJob:
         that cannot serve /metrics (its port taken) fails it at once: nothing awaited can come
         (a wait once ran out its 22 minutes for it)."""
         def checked() -> T:
-            for log in (self.workdir / "msrun-logs").glob("worker_*.log"):
-                taken = [line for line in log.read_text(errors="replace").splitlines()
-                         if "cannot serve /metrics" in line]
-                if taken:
-                    raise AssertionError(f"{log.name}: {taken[0]}")
+            taken = self._port_taken()
+            if taken:
+                raise AssertionError(taken)
             return predicate()
         return wait_for(checked, settle(timeout), interval, message,
                         alive=(self.msrun,) if self.join else (), ignore=(TimeoutError,),
                         details=self.log_tail)
+
+    def _port_taken(self) -> str | None:
+        """The first line a rank logged saying it cannot serve /metrics, if any; each log is
+        read on from where the last look stopped (a wait polls it several times a second)."""
+        for log in (self.workdir / "msrun-logs").glob("worker_*.log"):
+            with open(log, "rb") as handle:
+                handle.seek(self._logs_read.get(log, 0))
+                new = handle.read()
+            whole = new[:new.rfind(b"\n") + 1]   # a line still being written: next time
+            self._logs_read[log] = self._logs_read.get(log, 0) + len(whole)
+            for line in whole.splitlines():
+                if b"cannot serve /metrics" in line:
+                    return f"{log.name}: {line.decode(errors='replace')}"
+        return None
 
     def log_tail(self, lines: int = 5) -> str:
         """The last `lines` lines of each rank's msrun log."""
