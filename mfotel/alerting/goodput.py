@@ -8,11 +8,13 @@ to the rank's last event. These rules turn it into the run's account, one minute
 1. each rank's increase over the minute, exactly (its last scrape now minus its last scrape a
    minute ago; all of it when the process is new: another process start), averaged over the
    run's ranks (`run_id` from `mindformers_train_rank_info`; without a configured run, the job
-   is the run). A rank's last scrape is read over `LOOKBACK` (5m, as an instant read), past the
-   staleness a failed scrape or a killed process leaves: the minute a rank was killed in counts
-   up to its last scrape, and a scrape that failed is no new process. A rank restarted within
-   the minute shows its new process live: its old one is read back over the minute every
-   quarter of it (OLD), and counts to within that of its last scrape;
+   is the run): the most ranks read at once over the run window (a rank first scraped minutes
+   late joins the mean, the others' accounts counted once: `per_rank_of_run`). A rank's last
+   scrape is read over `LOOKBACK` (5m, as an instant read), past the staleness a failed scrape
+   or a killed process leaves: the minute a rank was killed in counts up to its last scrape,
+   and a scrape that failed is no new process. A rank restarted within the minute shows its
+   new process live: its old one is read back over the minute every quarter of it (OLD), and
+   counts to within that of its last scrape;
 2. the steps redone: each rank's steps of the minute at or below the run's high-water mark
    (the highest step every rank had completed before the latest attempt began, 0 in the
    first: ranks a step apart, or first scraped in two minutes, redo nothing), averaged; their
@@ -72,6 +74,8 @@ RESUME_STEP = "job_name_run_id:mindformers_train_resume_step:first_step"
 RESTARTS_NO_PROGRESS = "job_name_run_id:mindformers_train_restarts_without_progress:increase1m"
 DOWNTIME = "job_name_run_id:mindformers_train_downtime_seconds:increase1m"
 HIGH_WATER = "job_name_run_id:mindformers_train_step:max_before_attempt"
+RANKS_SEEN = "job_name_run_id:mindformers_train_ranks_seen:count"
+RANKS = "job_name_run_id:mindformers_train_ranks_seen:max"
 STEP = "mindformers_train_step"
 RECOMPUTED_STEPS = "job_name_run_id:mindformers_train_recomputed_steps:increase1m"
 CATEGORY_INCREASE = "job_name_run_id_category:mindformers_train_time_seconds:increase1m"
@@ -276,7 +280,6 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     rank_downtime = (f"{of_run(cfg, known)}\nor\nclamp_min(\n{indent(of_run(cfg, unknown))}\n"
                      f"  - on ({RUN}) group_left ()\n  last_over_time({LAST_EVENT}[{w}] offset "
                      f"{INTERVAL}),\n  0\n)")
-    ranks = f"count by ({RUN}) (\n{indent(of_run(cfg, start))}\n)"
     end = (f"(\n  {PROCESS_START} * 0 + time()\n  and on ({RUN})\n{indent(_running(cfg), '  ')}\n"
            f"  or\n  max_over_time({LAST_EVENT}[{w}])\n)")
     per_minute = [
@@ -293,6 +296,10 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         # the earliest start of the run's processes
         {"record": PROCESS_START,
          "expr": f"min by ({RUN}) (\n{indent(of_run(cfg, start))}\n)"},
+        # the ranks this evaluation reads, and the most read at once over the run window:
+        # the run's ranks, whose mean the categories are
+        {"record": RANKS_SEEN, "expr": f"count by ({RUN}) (\n{indent(of_run(cfg, start))}\n)"},
+        {"record": RANKS, "expr": f"max_over_time({RANKS_SEEN}[{w}])"},
         {"record": LAST_EVENT,
          "expr": f"avg by ({RUN}) (\n{indent(of_run(cfg, last_event))}\n)"},
         {"record": KNOWN_START, "expr": known_start},
@@ -309,14 +316,15 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                  f"{INTERVAL})"},
         # the mean of the ranks' downtime before their new process
         {"record": DOWNTIME,
-         "expr": f"sum by ({RUN}) (\n{indent(rank_downtime)}\n)\n/ {ranks}\n"
+         "expr": f"sum by ({RUN}) (\n{indent(rank_downtime)}\n)\n/ {RANKS_SEEN}\n"
                  f"or\n{PROCESS_START} * 0"},
         {"record": HIGH_WATER, "expr": high_water},
         # each rank's steps of the minute at or below the mark, averaged like the steps
         {"record": RECOMPUTED_STEPS, "expr": f"avg by ({RUN}) (\n{indent(redone)}\n)"},
     ]
     def category(name: str, expr: str) -> dict[str, Any]:
-        return {"record": CATEGORY_INCREASE, "expr": expr, "labels": {"category": name}}
+        return {"record": CATEGORY_INCREASE, "expr": per_rank_of_run(name, expr),
+                "labels": {"category": name}}
     categories = [
         category("goodput", f"{step_time}\n- {recomputed_time}"),
         category("recomputed", recomputed_time),
@@ -346,6 +354,19 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                  f"[{WINDOW}])) > 0)"},
     ]
     return [*per_minute, *categories, *totals]
+
+
+def per_rank_of_run(category: str, mean: str) -> str:
+    """A category's seconds of the minute per rank of the run, from `mean` (over the ranks this
+    evaluation reads): their sum over RANKS. In a minute that RANKS grows (a rank first scraped
+    a minute late), the category's total so far is divided anew by it: the totals stay the
+    ranks' sums over the run's ranks (a late rank's whole account, over the ranks it joined,
+    counted the first minute's ranks' accounts again)."""
+    scaled = f"(\n{indent(mean)}\n)\n* on ({RUN}) group_left ()\n({RANKS_SEEN} / {RANKS})"
+    before = f'{CATEGORY_TOTAL}{{category="{category}"}} offset {INTERVAL}'
+    grown = f"({RANKS} offset {INTERVAL} - {RANKS}) / {RANKS}"
+    return (f"{scaled}\n+ on ({RUN})\n(\n  {before}\n  * on ({RUN}) group_left ()\n"
+            f"  ({grown})\n)\nor\n{scaled}")
 
 
 RUN_OF = "{{ if $labels.run_id }}run {{ $labels.run_id }} of {{ end }}job {{ $labels.job_name }}"

@@ -10,7 +10,9 @@ part reads only the shards' latest records, never its own of the same evaluation
 
 - the run's time account, wall clock and steps redone: the shards' means weighted by the
   ranks each holds (`RANKS`), so they are the mean over the run's ranks, as one Prometheus
-  records them; the high-water mark is each shard's own (its ranks' lowest step), which
+  records them; `unaccounted` the wall clock less the categories as read (a shard's records
+  land one by one: its own unaccounted may be of another round than its categories read);
+  the high-water mark is each shard's own (its ranks' lowest step), which
   differs from the run's by the ranks' spread of a step or so;
 - the attempts and the restarts without progress: the most any shard counted over the run
   window (every shard holding ranks of an attempt counts it, maybe a minute apart), its growth
@@ -40,8 +42,8 @@ from .thresholds import RulesConfig, duration_seconds
 
 #: The prefix of a shard's goodput records.
 PREFIX = "shard_"
-#: The run's ranks with a process start the shard has seen (its weight in the run's means).
-RANKS = "job_name_run_id:mindformers_train_ranks_seen:count"
+#: The run's ranks on the shard: the most it read at once (its weight in the run's means).
+RANKS = g.RANKS
 #: Over the run window, each shard's count (recorded on the shard), then the most of them.
 ATTEMPTS_TOTAL = "job_name_run_id:mindformers_train_attempts:total"
 RESTARTS_NO_PROGRESS_TOTAL = "job_name_run_id:mindformers_train_restarts_without_progress:total"
@@ -76,13 +78,10 @@ def shard_goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     """The goodput chain over one shard's ranks, every record `shard_`-prefixed, with the
     shard's weight and its counts over the run window; without the shares (global only)."""
     chain = [r for r in g.goodput_records(cfg) if r["record"] not in SHARES]
-    names = sorted({r["record"] for r in chain} | {RANKS, ATTEMPTS_TOTAL,
-                                                   RESTARTS_NO_PROGRESS_TOTAL}, key=len,
-                   reverse=True)
-    start = g.SEEN["mindformers_train_process_start_timestamp_seconds"]
+    names = sorted({r["record"] for r in chain} | {ATTEMPTS_TOTAL, RESTARTS_NO_PROGRESS_TOTAL},
+                   key=len, reverse=True)
     w = cfg.goodput_run_window
     extra = [
-        {"record": RANKS, "expr": f"count by ({g.RUN}) (\n{indent(g.of_run(cfg, start))}\n)"},
         {"record": ATTEMPTS_TOTAL, "expr": f"sum_over_time({g.ATTEMPTS}[{w}])"},
         {"record": RESTARTS_NO_PROGRESS_TOTAL,
          "expr": f"sum_over_time({g.RESTARTS_NO_PROGRESS}[{w}])"},
@@ -148,6 +147,11 @@ def global_goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     by_category = f"{g.RUN}, category"
     accounted = f'category!="{g.UNACCOUNTED}"'
     run = cfg.goodput_run_window
+    # the wall clock less the categories, of the shards' records as read (not the shards' own
+    # unaccounted: a shard's records reach the store one by one, and its wall of one round with
+    # its categories of the round before added up to 5 s less than the wall)
+    totals, wall = _mean(g.CATEGORY_TOTAL, by_category, accounted), _mean(g.WALL)
+    unaccounted = f"(\n{indent(wall)}\n)\n- on ({g.RUN})\nsum by ({g.RUN}) (\n{indent(totals)}\n)"
     return [
         {"record": g.PROCESS_START, "expr": f"min by ({g.RUN}) ({fresh(shard(g.PROCESS_START))})"},
         {"record": g.ATTEMPT_START, "expr": f"min by ({g.RUN}) ({fresh(shard(g.ATTEMPT_START))})"},
@@ -157,16 +161,19 @@ def global_goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": g.RESTARTS_NO_PROGRESS,
          "expr": _increase(lambda ago: _most(RESTARTS_NO_PROGRESS_TOTAL, ago, run), g.RUN,
                            count_late())},
-        {"record": g.CATEGORY_TOTAL, "expr": _mean(g.CATEGORY_TOTAL, by_category)},
-        {"record": g.WALL, "expr": _mean(g.WALL)},
+        {"record": g.CATEGORY_TOTAL, "expr": totals},
+        {"record": g.WALL, "expr": wall},
+        {"record": g.CATEGORY_TOTAL, "expr": unaccounted,
+         "labels": {"category": g.UNACCOUNTED}},
         {"record": g.RECOMPUTED_TOTAL, "expr": _mean(g.RECOMPUTED_TOTAL)},
         # the account's growth over the interval before last (the unaccounted time aside)
         {"record": g.CATEGORY_INCREASE,
          "expr": _increase(lambda ago: _mean(g.CATEGORY_TOTAL, by_category, accounted,
                                              ago=ago), by_category)},
         {"record": g.SHARE_RUN,
-         "expr": f"{_weighted_sum(g.CATEGORY_TOTAL, by_category)}\n"
-                 f"/ on ({g.RUN}) group_left ()\n({_weighted_sum(g.WALL)} > 0)"},
+         "expr": f"(\n{indent(totals)}\n  or\n  label_replace(\n{indent(unaccounted, '    ')}"
+                 f',\n    "category", "{g.UNACCOUNTED}", "", ""\n  )\n)\n'
+                 f"/ on ({g.RUN}) group_left ()\n(\n{indent(wall)}\n  > 0\n)"},
         {"record": g.SHARE_WINDOW,
          "expr": f"{_window_sum(by_category)}\n/ on ({g.RUN}) group_left ()\n"
                  f"({_window_sum(g.RUN)} > 0)"},

@@ -74,13 +74,12 @@ def test_goodput_chains_on_the_shards_and_the_global_part_never_reads_its_own_re
     on_shards = _group(sharded.scraper_groups(cfg), sharded.GOODPUT_RULES)
     in_global = _group(sharded.global_groups(cfg), sharded.GOODPUT_RULES)
     assert on_shards["interval"] == in_global["interval"] == goodput.INTERVAL
-    extra = {goodput_sharded.RANKS, goodput_sharded.ATTEMPTS_TOTAL,
-             goodput_sharded.RESTARTS_NO_PROGRESS_TOTAL}
+    # the shards' weight is the chain's own count of the run's ranks
+    assert goodput_sharded.RANKS in unsharded
     assert [r["record"] for r in on_shards["rules"]] == [
         *(goodput_sharded.shard(n) for n in unsharded if n not in goodput_sharded.SHARES),
-        *(goodput_sharded.shard(n) for n in sorted(extra, key=[
-            goodput_sharded.RANKS, goodput_sharded.ATTEMPTS_TOTAL,
-            goodput_sharded.RESTARTS_NO_PROGRESS_TOTAL].index))]
+        *(goodput_sharded.shard(n) for n in (goodput_sharded.ATTEMPTS_TOTAL,
+                                             goodput_sharded.RESTARTS_NO_PROGRESS_TOTAL))]
     # every shard record reads shard records only, never a global one
     shard_names = {r["record"] for r in on_shards["rules"]}
     assert sharded.recorded_names_read([on_shards]) <= shard_names
@@ -219,3 +218,45 @@ def test_the_repository_copies_beside_the_example_are_the_rendered_rules():
     shipped = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert shipped == assets.sharded_rule_files(), \
         "examples/prometheus/rules is stale: run `make assets`"
+
+
+def test_the_global_account_adds_up_to_the_wall_when_a_shard_round_lands_in_pieces(tmp_path):
+    """A shard's records reach the store one by one: read between two of them, shard 0 (7 of
+    the run's 8 ranks) shows its wall clock of this round (120 s) and its categories of the
+    round before (60 s, nothing unaccounted). The run's categories, `unaccounted` the wall less
+    the others as read, still add up to its wall clock, and its shares to 1 (from the shards'
+    own unaccounted they added up to 52.5 s less)."""
+    from tests.support.promtool import TIMEOUT, promtool, promtool_env
+    run = 'job_name="j", run_id="r"'
+    records = {goodput.WALL: ("60 120", "60 120"), goodput_sharded.RANKS: ("7 7", "1 1")}
+    totals = {"goodput": ("60 60", "60 120"), goodput.UNACCOUNTED: ("0 0", "0 0")}
+    series = [{"series": f"{goodput_sharded.shard(name)}{{{run}, shard=\"{shard}\"}}",
+               "values": values[shard]}
+              for name, values in records.items() for shard in (0, 1)]
+    series += [{"series": f"{goodput_sharded.shard(goodput.CATEGORY_TOTAL)}"
+                f"{{{run}, category=\"{category}\", shard=\"{shard}\"}}", "values": values[shard]}
+               for category, values in totals.items() for shard in (0, 1)]
+    paths = assets.write_files(assets.sharded_rule_files(RulesConfig()), tmp_path)
+    (rules,) = [p for p in paths if p.name == sharded.GLOBAL_FILE]
+
+    def sample(name: str, category: str | None, value: float) -> dict:
+        labels = f'{run}, category="{category}"' if category else run
+        return {"labels": f"{name}{{{labels}}}", "value": value}
+    share = goodput.SHARE_RUN
+    test = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [
+            {"expr": goodput.WALL, "eval_time": "1m",
+             "exp_samples": [sample(goodput.WALL, None, 120)]},
+            # (7 x 60 + 120) / 8 s of goodput; unaccounted 120 less that
+            {"expr": goodput.CATEGORY_TOTAL, "eval_time": "1m",
+             "exp_samples": [sample(goodput.CATEGORY_TOTAL, "goodput", 67.5),
+                             sample(goodput.CATEGORY_TOTAL, goodput.UNACCOUNTED, 52.5)]},
+            {"expr": share, "eval_time": "1m",
+             "exp_samples": [sample(share, "goodput", 0.5625),
+                             sample(share, goodput.UNACCOUNTED, 0.4375)]}]}]}
+    path = tmp_path / "pieces.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False, width=1000))
+    done = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=promtool_env())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
