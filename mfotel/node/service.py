@@ -25,7 +25,6 @@ import os
 import shutil
 import socket
 import stat
-import sys
 import tempfile
 import threading
 import time
@@ -46,6 +45,7 @@ from ..node_link import ENV_DIR
 from .agent import DEFAULT_PROBE_INTERVAL, AgentSettings, NodeAgent
 from .endpoint import NodeEndpoint, scheme
 from .metrics import NodeCollector
+from .supervise import note
 
 #: After the job, how long the ranks' final facts are served by default: one scrape and one
 #: evaluation (15 s each, shipped) and the critical route's group_wait (10 s) must see a rank
@@ -136,14 +136,6 @@ def _remove_stale_node_dirs(parent: Path) -> None:
             continue
 
 
-def _note(text: str) -> None:
-    try:
-        sys.stderr.write(f"mfotel-instrument: {text}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
 class NodeService:
     """The node agent, its endpoint and its target file, for one job (see module docstring)."""
 
@@ -171,7 +163,7 @@ class NodeService:
         try:
             self.node_dir = Path(tempfile.mkdtemp(prefix=f"{_node_dir_stem()}{os.getpid()}-"))
         except OSError as exc:
-            _note(f"cannot create the node directory ({exc.strerror or exc}); the node agent "
+            note(f"cannot create the node directory ({exc.strerror or exc}); the node agent "
                   "guesses which process is which rank. Fix: set TMPDIR to a writable directory")
             return env
         self.settings = replace(self.settings, node_dir=self.node_dir)
@@ -225,7 +217,7 @@ class NodeService:
                 return
             self.endpoint = endpoint
             self.agent.stacks.opened(endpoint)  # /stacks; node.json for the ranks' pages
-            _note(f"node endpoint {endpoint.url} (each rank's process state, exit cause, CPU, "
+            note(f"node endpoint {endpoint.url} (each rank's process state, exit cause, CPU, "
                   f"memory; lingers {self.linger:g} s after the job once scraped)")
             self.target_file = self._write_target(endpoint)
 
@@ -247,7 +239,7 @@ class NodeService:
         try:
             return write_target_file(path.expanduser().absolute(), groups)
         except OSError as exc:
-            _note(f"cannot write the node's file_sd target {path} ({exc.strerror or exc}); "
+            note(f"cannot write the node's file_sd target {path} ({exc.strerror or exc}); "
                   "Prometheus will not find the node endpoint there. Fix: make the directory "
                   "of monitor_config.file_sd.path writable")
             return None
@@ -264,5 +256,5 @@ def training_config_or_exit(command: Sequence[str], path: str | None) -> Monitor
     try:
         return training_config(command, path)
     except ConfigError as exc:
-        _note(f"{exc}")
+        note(f"{exc}")
         raise SystemExit(2) from None

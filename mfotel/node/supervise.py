@@ -104,7 +104,8 @@ def become_subreaper() -> bool:
         return False
 
 
-def _note(text: str) -> None:
+def note(text: str) -> None:
+    """One `mfotel-instrument: ...` line on stderr (a closed stderr is no error)."""
     try:
         sys.stderr.write(f"mfotel-instrument: {text}\n")
         sys.stderr.flush()
@@ -202,7 +203,7 @@ class Supervisor:
         try:
             return getattr(self.observer, event)(*args)
         except Exception as exc:  # noqa: BLE001 - supervision must go on whatever it does
-            _note(f"the node agent failed ({type(exc).__name__}: {exc}) and is stopped; the "
+            note(f"the node agent failed ({type(exc).__name__}: {exc}) and is stopped; the "
                   "job runs on without it")
             observer, self.observer = self.observer, None
             try:
@@ -218,7 +219,7 @@ class Supervisor:
         try:
             seconds = self.observe("ended") or 0.0
             if seconds > 0:
-                _note(f"the job ended; the node endpoint stays up {seconds:g} s for the final "
+                note(f"the job ended; the node endpoint stays up {seconds:g} s for the final "
                       "scrapes (SIGTERM / SIGINT ends it now)")
             deadline = time.monotonic() + seconds
             while (left := deadline - time.monotonic()) > 0:
@@ -303,7 +304,7 @@ class Supervisor:
         passed = "" if delivered == received else f" as {_name(delivered)}"
         holding = f"; holding {len(held)} that started processes of their own until those " \
                   "ended" if held else ""
-        _note(f"{_name(received)}: passing it{passed} to the {len(job)} processes of the job"
+        note(f"{_name(received)}: passing it{passed} to the {len(job)} processes of the job"
               f"{holding}; SIGKILL for any still running in {self.stop_timeout:g} s")
         # held launchers get it too: pending until they are resumed (a fatal one ends them now)
         self.cancel.groups = self.send_job(delivered, job)
@@ -321,7 +322,7 @@ class Supervisor:
                 _signal(pid, signal.SIGCONT)
         if cancel.killed_at is None and live and time.monotonic() >= cancel.deadline:
             cancel.killed_at = time.monotonic()
-            _note(f"{len(live)} processes of the job still running {self.stop_timeout:g} s "
+            note(f"{len(live)} processes of the job still running {self.stop_timeout:g} s "
                   f"after {_name(cancel.received)}: SIGKILL ({_listed(live)}; a rank killed "
                   "so pages as down; keep --stop-timeout above the monitor's "
                   "prometheus.linger_seconds)")
