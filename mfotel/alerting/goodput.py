@@ -366,7 +366,7 @@ def per_rank_of_run(category: str, mean: str) -> str:
     before = f'{CATEGORY_TOTAL}{{category="{category}"}} offset {INTERVAL}'
     grown = f"({RANKS} offset {INTERVAL} - {RANKS}) / {RANKS}"
     return (f"{scaled}\n+ on ({RUN})\n(\n  {before}\n  * on ({RUN}) group_left ()\n"
-            f"  ({grown})\n)\nor\n{scaled}")
+            f"  ({grown})\n  or on ({RUN})\n  {RANKS} * 0\n)")
 
 
 RUN_OF = "{{ if $labels.run_id }}run {{ $labels.run_id }} of {{ end }}job {{ $labels.job_name }}"

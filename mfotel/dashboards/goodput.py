@@ -118,7 +118,9 @@ ROW = Row("Goodput across restarts", (
                       "rank's time, the run's ranks averaged; summed over the selected runs): "
                       "a bar of 60 s per run while it lives. A step's time, a stall's and a "
                       "downtime's count in the minute they end (a downtime in the minute the "
-                      "next attempt shows up)."),
+                      "next attempt shows up). In a minute a rank is first scraped after the "
+                      "others, the mean takes it in: the categories so far are averaged anew "
+                      "(a bar below zero), so the bars still add up to the run's account."),
 ))
 
 ANNOTATIONS = (
