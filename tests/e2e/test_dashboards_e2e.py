@@ -4,14 +4,14 @@ Two demo ranks of one job and run (`python -c run_demo(...)` with RANK_ID 0 and 
 hitting a NaN loss near the end) serve /metrics; the Debian Prometheus scrapes them every second
 (rank 1's target found, by file_sd, once the goodput records have read rank 0 alone) and
 evaluates the rules of prometheus/rules/ every second (the goodput records every 5 s, 1m as
-shipped: the run lasts ~30 s). Once both ranks finished training (they linger, still served), every panel target, annotation and variable query of every
-checked-in dashboard runs through the HTTP API with the variables substituted as Grafana would
-($job_name = the job, $run_id and $rank = All): range queries over the run for time series,
-instant queries for tables. Queries that switch from a line per rank to a spread over ranks
-beyond MAX_RANK_LINES selected ranks run both ways (the spread as a job of thousands of ranks
-gets it). Panels that need what the demo cannot produce are listed in EXPECTED_EMPTY, with the
-reason. Before that, every query is parsed by an empty Prometheus (bad_data names a bad one).
-"""
+shipped: the run lasts ~30 s). Once both ranks finished training (they linger, still served),
+every panel target, annotation and variable query of every checked-in dashboard runs through the
+HTTP API with the variables substituted as Grafana would ($job_name = the job, $run_id and $rank
+= All): range queries over the run for time series, instant queries for tables. Queries that
+switch from a line per rank to a spread over ranks beyond MAX_RANK_LINES selected ranks run both
+ways (the spread as a job of thousands of ranks gets it). Panels that need what the demo cannot
+produce are listed in EXPECTED_EMPTY, with the reason. Before that, every query is parsed by an
+empty Prometheus (bad_data names a bad one)."""
 from __future__ import annotations
 
 import json
