@@ -359,9 +359,9 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
 def per_rank_of_run(category: str, mean: str) -> str:
     """A category's seconds of the minute per rank of the run, from `mean` (over the ranks this
     evaluation reads): their sum over RANKS. In a minute that RANKS grows (a rank first scraped
-    a minute late), the category's total so far is divided anew by it: the totals stay the
-    ranks' sums over the run's ranks (a late rank's whole account, over the ranks it joined,
-    counted the first minute's ranks' accounts again)."""
+    a minute late), the category's total so far is divided anew by it, so the totals stay the
+    ranks' sums over the run's ranks (a mean over the ranks read each minute counted the first
+    ranks' accounts twice once a late rank joined: 13% of the wall clock once)."""
     scaled = f"(\n{indent(mean)}\n)\n* on ({RUN}) group_left ()\n({RANKS_SEEN} / {RANKS})"
     before = f'{CATEGORY_TOTAL}{{category="{category}"}} offset {INTERVAL}'
     grown = f"({RANKS} offset {INTERVAL} - {RANKS}) / {RANKS}"

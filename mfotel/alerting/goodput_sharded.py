@@ -12,8 +12,8 @@ part reads only the shards' latest records, never its own of the same evaluation
   ranks each holds (`RANKS`), so they are the mean over the run's ranks, as one Prometheus
   records them; `unaccounted` the wall clock less the categories as read (a shard's records
   land one by one: its own unaccounted may be of another round than its categories read);
-  the high-water mark is each shard's own (its ranks' lowest step), which
-  differs from the run's by the ranks' spread of a step or so;
+  the high-water mark is each shard's own (its ranks' lowest step), which differs from the
+  run's by the ranks' spread of a step or so;
 - the attempts and the restarts without progress: the most any shard counted over the run
   window (every shard holding ranks of an attempt counts it, maybe a minute apart), its growth
   from three intervals ago to two (at least 30 s ago: `count_late`): a shard's sample counts

@@ -164,7 +164,7 @@ class NodeService:
             self.node_dir = Path(tempfile.mkdtemp(prefix=f"{_node_dir_stem()}{os.getpid()}-"))
         except OSError as exc:
             note(f"cannot create the node directory ({exc.strerror or exc}); the node agent "
-                  "guesses which process is which rank. Fix: set TMPDIR to a writable directory")
+                 "guesses which process is which rank. Fix: set TMPDIR to a writable directory")
             return env
         self.settings = replace(self.settings, node_dir=self.node_dir)
         return {**env, ENV_DIR: str(self.node_dir)}
@@ -218,7 +218,7 @@ class NodeService:
             self.endpoint = endpoint
             self.agent.stacks.opened(endpoint)  # /stacks; node.json for the ranks' pages
             note(f"node endpoint {endpoint.url} (each rank's process state, exit cause, CPU, "
-                  f"memory; lingers {self.linger:g} s after the job once scraped)")
+                 f"memory; lingers {self.linger:g} s after the job once scraped)")
             self.target_file = self._write_target(endpoint)
 
     def _write_target(self, endpoint: NodeEndpoint) -> Path | None:
@@ -240,8 +240,8 @@ class NodeService:
             return write_target_file(path.expanduser().absolute(), groups)
         except OSError as exc:
             note(f"cannot write the node's file_sd target {path} ({exc.strerror or exc}); "
-                  "Prometheus will not find the node endpoint there. Fix: make the directory "
-                  "of monitor_config.file_sd.path writable")
+                 "Prometheus will not find the node endpoint there. Fix: make the directory "
+                 "of monitor_config.file_sd.path writable")
             return None
 
 

@@ -204,7 +204,7 @@ class Supervisor:
             return getattr(self.observer, event)(*args)
         except Exception as exc:  # noqa: BLE001 - supervision must go on whatever it does
             note(f"the node agent failed ({type(exc).__name__}: {exc}) and is stopped; the "
-                  "job runs on without it")
+                 "job runs on without it")
             observer, self.observer = self.observer, None
             try:
                 observer.close()
@@ -220,7 +220,7 @@ class Supervisor:
             seconds = self.observe("ended") or 0.0
             if seconds > 0:
                 note(f"the job ended; the node endpoint stays up {seconds:g} s for the final "
-                      "scrapes (SIGTERM / SIGINT ends it now)")
+                     "scrapes (SIGTERM / SIGINT ends it now)")
             deadline = time.monotonic() + seconds
             while (left := deadline - time.monotonic()) > 0:
                 info = signal.sigtimedwait(self.waited, left)
@@ -305,7 +305,7 @@ class Supervisor:
         holding = f"; holding {len(held)} that started processes of their own until those " \
                   "ended" if held else ""
         note(f"{_name(received)}: passing it{passed} to the {len(job)} processes of the job"
-              f"{holding}; SIGKILL for any still running in {self.stop_timeout:g} s")
+             f"{holding}; SIGKILL for any still running in {self.stop_timeout:g} s")
         # held launchers get it too: pending until they are resumed (a fatal one ends them now)
         self.cancel.groups = self.send_job(delivered, job)
 
@@ -323,9 +323,9 @@ class Supervisor:
         if cancel.killed_at is None and live and time.monotonic() >= cancel.deadline:
             cancel.killed_at = time.monotonic()
             note(f"{len(live)} processes of the job still running {self.stop_timeout:g} s "
-                  f"after {_name(cancel.received)}: SIGKILL ({_listed(live)}; a rank killed "
-                  "so pages as down; keep --stop-timeout above the monitor's "
-                  "prometheus.linger_seconds)")
+                 f"after {_name(cancel.received)}: SIGKILL ({_listed(live)}; a rank killed "
+                 "so pages as down; keep --stop-timeout above the monitor's "
+                 "prometheus.linger_seconds)")
             for proc in live:
                 _signal(proc.pid, signal.SIGKILL)
 
