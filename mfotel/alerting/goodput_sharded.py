@@ -10,10 +10,10 @@ part reads only the shards' latest records, never its own of the same evaluation
 
 - the run's time account, wall clock and steps redone: the shards' means weighted by the
   ranks each holds (`RANKS`), so they are the mean over the run's ranks, as one Prometheus
-  records them; `unaccounted` the wall clock less the categories as read (a shard's records
-  land one by one: its own unaccounted may be of another round than its categories read);
-  the high-water mark is each shard's own (its ranks' lowest step), which differs from the
-  run's by the ranks' spread of a step or so;
+  records them, read as the shards recorded them `count_late` intervals ago (a shard's
+  records land one by one: a round read at once may be half of it), `unaccounted` the wall
+  clock less the categories as read; the high-water mark is each shard's own (its ranks'
+  lowest step), which differs from the run's by the ranks' spread of a step or so;
 - the attempts and the restarts without progress: the most any shard counted over the run
   window (every shard holding ranks of an attempt counts it, maybe a minute apart), its growth
   from three intervals ago to two (at least 30 s ago: `count_late`): a shard's sample counts
@@ -122,7 +122,8 @@ def _increase(total: Callable[[int], str], on: str, late: int = 1) -> str:
             f"  0\n)\nor\n{total(late)}")
 
 
-#: How late the global part counts attempts and restarts: a shard's sample that reaches the
+#: How late the global part counts attempts and restarts, and reads the run's totals (the
+#: same rounds: an attempt and its downtime show together): a shard's sample that reaches the
 #: store (and is served: a new series 8-10 s after it is written, later on a loaded store) up
 #: to two goodput intervals, and at least LATE_SECONDS, after its time still counts. (At the
 #: tests' 5 s interval two intervals were not enough: a run's first attempt, a new series
@@ -147,10 +148,12 @@ def global_goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     by_category = f"{g.RUN}, category"
     accounted = f'category!="{g.UNACCOUNTED}"'
     run = cfg.goodput_run_window
-    # the wall clock less the categories, of the shards' records as read (not the shards' own
-    # unaccounted: a shard's records reach the store one by one, and its wall of one round with
-    # its categories of the round before added up to 5 s less than the wall)
-    totals, wall = _mean(g.CATEGORY_TOTAL, by_category, accounted), _mean(g.WALL)
+    # the shards' rounds of count_late() intervals ago, whole (a shard's records reach the
+    # store one by one: its wall clock of one round beside its categories of the round before
+    # left them 7/8 x 5 s short of it); unaccounted the wall clock less the categories as read
+    late = count_late()
+    totals = _mean(g.CATEGORY_TOTAL, by_category, accounted, ago=late)
+    wall = _mean(g.WALL, ago=late)
     unaccounted = f"(\n{indent(wall)}\n)\n- on ({g.RUN})\nsum by ({g.RUN}) (\n{indent(totals)}\n)"
     return [
         {"record": g.PROCESS_START, "expr": f"min by ({g.RUN}) ({fresh(shard(g.PROCESS_START))})"},
@@ -165,7 +168,7 @@ def global_goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": g.WALL, "expr": wall},
         {"record": g.CATEGORY_TOTAL, "expr": unaccounted,
          "labels": {"category": g.UNACCOUNTED}},
-        {"record": g.RECOMPUTED_TOTAL, "expr": _mean(g.RECOMPUTED_TOTAL)},
+        {"record": g.RECOMPUTED_TOTAL, "expr": _mean(g.RECOMPUTED_TOTAL, ago=late)},
         # the account's growth over the interval before last (the unaccounted time aside)
         {"record": g.CATEGORY_INCREASE,
          "expr": _increase(lambda ago: _mean(g.CATEGORY_TOTAL, by_category, accounted,

@@ -221,11 +221,12 @@ def test_the_repository_copies_beside_the_example_are_the_rendered_rules():
 
 
 def test_the_global_account_adds_up_to_the_wall_when_a_shard_round_lands_in_pieces(tmp_path):
-    """A shard's records reach the store one by one: read between two of them, shard 0 (7 of
-    the run's 8 ranks) shows its wall clock of this round (120 s) and its categories of the
-    round before (60 s, nothing unaccounted). The run's categories, `unaccounted` the wall less
-    the others as read, still add up to its wall clock, and its shares to 1 (from the shards'
-    own unaccounted they added up to 52.5 s less)."""
+    """A shard's records reach the store one by one. The global part reads the shards' rounds
+    of count_late() intervals ago, whole by then; and were one read between two of its records,
+    as shard 0 (7 of the run's 8 ranks) here shows its wall clock of one round (120 s) beside
+    its categories of the round before (60 s, nothing unaccounted), the run's categories,
+    `unaccounted` the wall less the others as read, still add up to its wall clock, and its
+    shares to 1 (from the shards' own unaccounted they added up to 52.5 s less)."""
     from tests.support.promtool import TIMEOUT, promtool, promtool_env
     run = 'job_name="j", run_id="r"'
     records = {goodput.WALL: ("60 120", "60 120"), goodput_sharded.RANKS: ("7 7", "1 1")}
@@ -243,16 +244,17 @@ def test_the_global_account_adds_up_to_the_wall_when_a_shard_round_lands_in_piec
         labels = f'{run}, category="{category}"' if category else run
         return {"labels": f"{name}{{{labels}}}", "value": value}
     share = goodput.SHARE_RUN
+    at = f"{1 + goodput_sharded.count_late()}m"   # the samples at 1m, read that much later
     test = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "promql_expr_test": [
-            {"expr": goodput.WALL, "eval_time": "1m",
+            {"expr": goodput.WALL, "eval_time": at,
              "exp_samples": [sample(goodput.WALL, None, 120)]},
             # (7 x 60 + 120) / 8 s of goodput; unaccounted 120 less that
-            {"expr": goodput.CATEGORY_TOTAL, "eval_time": "1m",
+            {"expr": goodput.CATEGORY_TOTAL, "eval_time": at,
              "exp_samples": [sample(goodput.CATEGORY_TOTAL, "goodput", 67.5),
                              sample(goodput.CATEGORY_TOTAL, goodput.UNACCOUNTED, 52.5)]},
-            {"expr": share, "eval_time": "1m",
+            {"expr": share, "eval_time": at,
              "exp_samples": [sample(share, "goodput", 0.5625),
                              sample(share, goodput.UNACCOUNTED, 0.4375)]}]}]}
     path = tmp_path / "pieces.yml"
