@@ -36,7 +36,9 @@ demo:
 # less loaded): 10 workers, 5 a core, keep the time and halve the load the tests' waits face.
 # 2026-12-07, a new host (CI's took 15.1 min, pytest 904 s): fresh clones 15.0, 14.1, 13.3 and
 # 12.9 min (pytest 14.0, 13.2, 12.6, 12.2), 1,700, 1,600, 1,350 and 1,350 CPU-s. Later
-# (CI's 15.6 min, pytest 888 s): 14.0 min (pytest 13.2), 1,356 CPU-s, green.
+# (CI's 15.6 min, pytest 888 s): 14.0 min (pytest 13.2), 1,356 CPU-s, green. 2026-12-07 evening
+# (CI's 13.75 min, pytest 782 s): fresh clones 13.1, 13.1 and 13.4 min (pytest 12.3-12.7),
+# 1,270-1,365 CPU-s, green.
 # Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
