@@ -32,6 +32,7 @@ import yaml
 
 from mfotel.alerting import goodput
 from mfotel.alerting.rules import write_rules
+from mfotel.cluster.discovery import write_target_file
 from mfotel.dashboards.common import rank_count_gate
 from mfotel.dashboards.queries import (
     ALL,
@@ -135,9 +136,7 @@ def rule_files(workdir: Path) -> list[Path]:
 
 def _targets(path: Path, ports: list[int]) -> None:
     """The file_sd targets of the demo ranks, replaced at once (Prometheus watches the file)."""
-    part = path.with_suffix(".part")
-    part.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}" for port in ports]}]))
-    part.replace(path)
+    write_target_file(path, [{"targets": [f"127.0.0.1:{port}" for port in ports]}])
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from mfotel.alerting import goodput, goodput_sharded, sharded
 from mfotel.alerting.rules import RulesConfig, alerting_rules, recording_rules
 from mfotel.localstack.servers import find_binary
 from mfotel.simulation.run import SIM_RULES
+from tests.support.promtool import TIMEOUT, promtool, promtool_env
 
 CONFIGS = [RulesConfig(), RulesConfig(**SIM_RULES)]
 
@@ -227,7 +228,6 @@ def test_the_global_account_adds_up_to_the_wall_when_a_shard_round_lands_in_piec
     its categories of the round before (60 s, nothing unaccounted), the run's categories,
     `unaccounted` the wall less the others as read, still add up to its wall clock, and its
     shares to 1 (from the shards' own unaccounted they added up to 52.5 s less)."""
-    from tests.support.promtool import TIMEOUT, promtool, promtool_env
     run = 'job_name="j", run_id="r"'
     records = {goodput.WALL: ("60 120", "60 120"), goodput_sharded.RANKS: ("7 7", "1 1")}
     totals = {"goodput": ("60 60", "60 120"), goodput.UNACCOUNTED: ("0 0", "0 0")}
