@@ -37,6 +37,8 @@ from .cascade import (
 from .goodput_sharded import global_goodput_alerts, global_goodput_records, shard_goodput_records
 from .promql import alert, indent, step_interval_record
 from .rules import (
+    GRAD_NORM_FINITE,
+    LOSS_FINITE,
     IN_STEP,
     OUTSIDE_SHARE,
     STEP_MEAN,
@@ -90,7 +92,8 @@ KEPT = "job_name_rank:mfotel_culprit_page:condition"
 def scraper_records(cfg: RulesConfig) -> frozenset[str]:
     """Recording rules of one target's series only (a rank's own): evaluated on every shard."""
     return frozenset({STEP_MEAN, STEP_RANK_QUANTILE, step_interval_record(cfg), OUTSIDE_SHARE,
-                      IN_STEP, loss_mean_record(cfg), outside_record(cfg), SCRAPED})
+                      IN_STEP, LOSS_FINITE, GRAD_NORM_FINITE, loss_mean_record(cfg),
+                      outside_record(cfg), SCRAPED})
 
 
 #: Alerts on one target's series only (a rank's, or its node agent's).
