@@ -38,8 +38,8 @@ from .goodput_sharded import global_goodput_alerts, global_goodput_records, shar
 from .promql import alert, indent, step_interval_record
 from .rules import (
     GRAD_NORM_FINITE,
-    LOSS_FINITE,
     IN_STEP,
+    LOSS_FINITE,
     OUTSIDE_SHARE,
     STEP_MEAN,
     STEP_RANK_QUANTILE,
