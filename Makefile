@@ -51,13 +51,16 @@ PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope
 
 # Every worker collects the suite; pytest's rewrite of the tests' asserts is half of it (~4
 # CPU-s a worker). One collection first, beside lint, writes pytest's cache of rewritten modules
-# (where PYTHONDONTWRITEBYTECODE is set, as here, pytest writes none), which the workers read;
-# its errors, if any, are the suite's own to report.
+# and the bytecode of what collecting imports (MindSpore), which the workers read. The suite
+# runs without PYTHONDONTWRITEBYTECODE (set here): each module it imports is compiled once, by
+# the first process to import it (scripts/bootstrap.sh compiles nothing up front for `make
+# test`). The collection's errors, if any, are the suite's own to report.
 test:
 	scripts/bootstrap.sh test
 	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q --collect-only \
 	    -p no:cacheprovider >/dev/null 2>&1 & $(MAKE) lint; status=$$?; wait; exit $$status
-	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL) --durations=40
+	env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q $(PYTEST_PARALLEL) \
+	    --durations=40
 
 # ruff and mypy as configured in pyproject.toml (both from the dev extra: `make test` installs
 # them); both report, either failing fails

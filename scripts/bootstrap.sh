@@ -20,14 +20,19 @@ if [ ! -f "$stamp" ]; then
     # instead of pip's ~90 s (MindSpore and its dependencies are ~2 GB unpacked). Compiled to
     # bytecode as pip does: without it, where PYTHONDONTWRITEBYTECODE is set, every process
     # compiles MindSpore again (importing it took 6.4 CPU-s instead of 2.8; the suite 17 min
-    # instead of 13). Where uv cannot be had (an index without it), pip does the same install.
+    # instead of 13). Except for `make test`, which runs its processes without
+    # PYTHONDONTWRITEBYTECODE, so that each module is compiled once, when first imported:
+    # compiling all of site-packages took 45 CPU-s, mostly for modules no test imports.
+    # Where uv cannot be had (an index without it), pip does the same install (compiled).
     if [ ! -x .venv/bin/uv ] && ! .venv/bin/pip install --quiet uv; then
         echo "bootstrap: uv not available; installing with pip (slower)" >&2
         .venv/bin/pip install --quiet --upgrade pip
     fi
     echo "bootstrap: installing mfotel[$extras] into .venv (MindSpore is ~800 MB; uv and pip cache it)"
     if [ -x .venv/bin/uv ]; then
-        .venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python -e ".[$extras]"
+        compile=--compile-bytecode
+        [ "$mode" = "test" ] && compile=--no-compile-bytecode
+        .venv/bin/uv pip install --quiet "$compile" --python .venv/bin/python -e ".[$extras]"
     else
         .venv/bin/pip install --quiet -e ".[$extras]"
     fi
