@@ -9,6 +9,13 @@ tests/support/cpu_per_test.py, by test module and the costliest tests.
 A process seen at the first sample counts from then on (the machine's own daemons are in the
 total only with what they spent during the run: run it on an otherwise idle machine). Linux
 only.
+
+The same suite took 1,270 to 2,670 CPU-s on this kind of host from one hour to the next, so
+the run is measured against the host too: the CPU-s of importing MindSpore (the unit of work
+of the suite's ~200 MindSpore processes), median of 3 before and 3 after the command, and the
+suite's total in those units. From the tests' rows it also prints the two floors of the wall
+time: the CPU over the cores, and the whole-job tests' walls over the number that may run at
+once (tests/support/scheduling.py).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.cpu_per_test import OUT_ENV  # noqa: E402
+from tests.support.scheduling import WHOLE_JOB, whole_job_cap  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -91,6 +99,32 @@ class Sampler(threading.Thread):
         return {name: (cpu, n) for name, (cpu, n) in totals.items()}
 
 
+def reference_seconds(runs: int = 3) -> float | None:
+    """Median CPU-s (user + system) of `python -c "import mindspore"` in the project's .venv
+    (None without it): how fast this host is now, in the suite's own unit of work."""
+    python = ROOT / ".venv" / "bin" / "python"
+    if not python.exists():
+        return None
+    spent = []
+    for _ in range(runs):
+        before = os.times()
+        done = subprocess.run([str(python), "-c", "import mindspore"], capture_output=True)
+        after = os.times()
+        if done.returncode != 0:
+            return None
+        spent.append(after.children_user - before.children_user
+                     + after.children_system - before.children_system)
+    return sorted(spent)[len(spent) // 2]
+
+
+def whole_job_floor(rows: list[dict], workers: int) -> tuple[float, int]:
+    """Seconds the whole-job tests need at the least (their walls over how many may run at
+    once with `workers` workers), and that number."""
+    cap = whole_job_cap(workers)
+    walls = sum(row["wall"] for row in rows if row["test"].split("::")[0] in WHOLE_JOB)
+    return walls / cap, cap
+
+
 def by_module(rows: list[dict]) -> dict[str, float]:
     totals: dict[str, float] = collections.defaultdict(float)
     for row in rows:
@@ -109,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         tests_file = Path(tmp) / "tests.jsonl"
         env = {**os.environ, OUT_ENV: str(tests_file), "PYTEST_ADDOPTS": " ".join(
             filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p tests.support.cpu_per_test"]))}
+        reference_before = reference_seconds()
         sampler = Sampler()
         sampler.start()
         began = time.monotonic()
@@ -116,14 +151,25 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.monotonic() - began
         sampler.stopped.set()
         sampler.join()
+        reference_after = reference_seconds()
         rows = [json.loads(line) for line in tests_file.read_text().splitlines()] \
             if tests_file.exists() else []
         if args.rows and tests_file.exists():
             args.rows.write_text(tests_file.read_text())
     programs = sorted(sampler.by_program().items(), key=lambda kv: -kv[1][0])
     total = sum(cpu for _, (cpu, _) in programs)
+    cores = os.cpu_count() or 1
     print(f"\n# {' '.join(args.command)}: exit {status}, {wall:.0f} s wall, {total:.0f} CPU-s "
-          f"({total / wall:.2f} cores of {os.cpu_count()})")
+          f"({total / wall:.2f} cores of {cores})")
+    if reference_before and reference_after:
+        unit = (reference_before + reference_after) / 2
+        print(f"# the host: importing MindSpore took {reference_before:.2f} CPU-s before, "
+              f"{reference_after:.2f} after; the run was {total / unit:.0f} such imports")
+    if rows:
+        workers = len({row.get("worker") for row in rows}) or 1
+        floor, cap = whole_job_floor(rows, workers)
+        print(f"# floors of the wall: the CPU over {cores} cores {total / cores:.0f} s; the "
+              f"whole-job tests, {cap} at once with {workers} workers, {floor:.0f} s")
     print(f"\n{'CPU-s':>8} {'share':>6} {'procs':>6}  program")
     for name, (cpu, n) in programs[:args.top]:
         print(f"{cpu:8.1f} {cpu / total:6.1%} {n:6d}  {name}")
