@@ -161,10 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 1
     print(f"\n# {' '.join(args.command)}: exit {status}, {wall:.0f} s wall, {total:.0f} CPU-s "
           f"({total / wall:.2f} cores of {cores})")
-    if reference_before and reference_after:
-        unit = (reference_before + reference_after) / 2
-        print(f"# the host: importing MindSpore took {reference_before:.2f} CPU-s before, "
-              f"{reference_after:.2f} after; the run was {total / unit:.0f} such imports")
+    measured = [r for r in (reference_before, reference_after) if r]
+    if measured:   # before: None in a fresh clone (the command installs the .venv)
+        unit = sum(measured) / len(measured)
+        said = ", ".join(f"{r:.2f} CPU-s {when}" for r, when in
+                         ((reference_before, "before"), (reference_after, "after")) if r)
+        print(f"# the host: importing MindSpore took {said}; the run was {total / unit:.0f} "
+              "such imports")
     if rows:
         workers = len({row.get("worker") for row in rows}) or 1
         floor, cap = whole_job_floor(rows, workers)
