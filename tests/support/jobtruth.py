@@ -89,7 +89,8 @@ class FaultyJob:
                  rules: RulesConfig = JOB_RULES, env: dict[str, str] | None = None,
                  steps: int = STEPS, launcher: bool = False,
                  also: dict[str, RulesConfig] | None = None,
-                 critical_group_interval: str | None = None, **options: Any) -> None:
+                 critical_group_interval: str | None = None,
+                 warning_group_wait: str | None = None, **options: Any) -> None:
         """`join=False`: msrun starts the job and returns, leaving the ranks alone (with
         `--join=True` it SIGKILLs every rank as soon as one exits with an error). `env`: more
         environment for msrun and its ranks (MindSpore's own settings, e.g. MS_NODE_TIMEOUT).
@@ -100,6 +101,8 @@ class FaultyJob:
         (`stacks[name]`; the main one is `stack`). `critical_group_interval`: the shipped
         routes but the critical route's `group_interval` (a group that changes notifies again
         that much later: shorter, a second page of an incident shows sooner).
+        `warning_group_wait`: the warning route's `group_wait` (30s as shipped), for an alert
+        that fires shorter than the shipped wait allows under load.
         `options`: faulty_dp.py's other flags (seconds=1.0 is `--seconds 1.0`)."""
         self.workdir, self.fault, self.ranks = workdir, fault, ranks
         self.fault_rank, self.job_name, self.fast_path = fault_rank, job_name, fast_path
@@ -112,9 +115,11 @@ class FaultyJob:
         self.stack = SimStack(workdir, workdir / "targets" / "*.json", INTERVAL, rules)
         self.stacks = {name: SimStack(workdir / f"stack-{name}", workdir / "targets" / "*.json",
                                       INTERVAL, more) for name, more in (also or {}).items()}
-        if critical_group_interval is not None:
-            for stack in (self.stack, *self.stacks.values()):
-                set_critical_group_interval(stack, critical_group_interval)
+        for stack in (self.stack, *self.stacks.values()):
+            if critical_group_interval is not None:
+                set_route(stack, "critical", group_interval=critical_group_interval)
+            if warning_group_wait is not None:
+                set_route(stack, "warning", group_wait=warning_group_wait)
         self._watchers: list[AlertWatch] = []
         self.msrun: subprocess.Popen | None = None
         self.started = 0.0
@@ -368,14 +373,14 @@ class FaultyJob:
                 if call[0].labels.get("severity") == "critical"]
 
 
-def set_critical_group_interval(stack: SimStack, interval: str) -> None:
-    """The shipped Alertmanager config of `stack` (not started yet) with another
-    `group_interval` on the critical route."""
+def set_route(stack: SimStack, severity: str, **timing: str) -> None:
+    """The shipped Alertmanager config of `stack` (not started yet) with other timings
+    (`group_interval=...`, `group_wait=...`) on the route of `severity`."""
     config = yaml.safe_load(stack.files["alertmanager"])
-    critical = ['severity = "critical"']
-    routes = [r for r in config["route"]["routes"] if r.get("matchers") == critical]
-    assert len(routes) == 1, "the shipped config's critical route moved"
-    routes[0]["group_interval"] = interval
+    matchers = [f'severity = "{severity}"']
+    routes = [r for r in config["route"]["routes"] if r.get("matchers") == matchers]
+    assert len(routes) == 1, f"the shipped config's {severity} route moved"
+    routes[0].update(timing)
     stack.files["alertmanager"] = yaml.safe_dump(config, sort_keys=False)
     stack.am_config = config
 
