@@ -39,10 +39,10 @@ demo:
 # (CI's 15.6 min, pytest 888 s): 14.0 min (pytest 13.2), 1,356 CPU-s, green. 2026-12-07 evening
 # (CI's 13.75 min, pytest 782 s): fresh clones 13.1, 13.1 and 13.4 min (pytest 12.3-12.7),
 # 1,270-1,365 CPU-s, green. Night, with the spike baselines read from records and the bytecode
-# compiled lazily (set-up and lint 53 -> 31-37 s): 14.25 and 14.25 min (pytest 818 and 825 s),
-# 1,441-1,443 CPU-s (importing MindSpore 2.51 CPU-s: 574 such imports), green; the floors of
-# the wall (benchmarks/suite_cpu.py) 721 s for the CPU over 2 cores and 668 s for the whole-job
-# tests, 6 at once: 8 minutes needs both cut by about 40%.
+# compiled lazily (set-up and lint 53 -> 31-37 s): 14.25, 14.25 and 13.7 min (pytest 818, 825
+# and 790 s), 1,374-1,443 CPU-s (importing MindSpore 2.13-2.51 CPU-s), green; the floors of the
+# wall (benchmarks/suite_cpu.py) 687-721 s for the CPU over 2 cores and 668-674 s for the
+# whole-job tests, 6 at once: 8 minutes needs both cut by about 40%.
 # Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
