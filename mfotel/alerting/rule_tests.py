@@ -259,11 +259,12 @@ def render_rule_tests(cfg: RulesConfig | None = None) -> dict[str, str]:
     cfg = cfg or RulesConfig()
     names = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     matchers = _matchers(cfg.selector) if cfg.selector.strip() else []
+    order = _group_order(cfg)   # renders every rule: once, not once a file
     out = {}
     for name, template in templates().items():
         text = _fill(template, names, f"{TEMPLATES}/{name}")
-        text = re.sub(r"^evaluation_interval: .*\n", lambda m: m.group(0) + _group_order(cfg),
-                      text, count=1, flags=re.MULTILINE)
+        text = re.sub(r"^evaluation_interval: .*\n", lambda m: m.group(0) + order, text,
+                      count=1, flags=re.MULTILINE)
         text = text.replace(RUNBOOK_BASE_URL, cfg.runbook_base_url)
         if matchers:
             document = _apply_selector(yaml.safe_load(text), matchers, name)
