@@ -259,6 +259,11 @@ def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- what the page says
+#: How many of the ranks that left after the culprit its page lists, the earliest first (then
+#: how many more): a time-out ends every other rank of the job, and a page listing 1,000 ranks
+#: is ~100 KB that receivers truncate or refuse, with two template queries per rank at every
+#: evaluation.
+CONSEQUENCES_LISTED = 5
 #: How each departure is told in a page (template text).
 _PHRASES = {
     "waited_for": "stopped stepping",
@@ -303,18 +308,24 @@ def _position_of(cfg: RulesConfig, rank: str) -> str:
 
 
 def _culprit_text(cfg: RulesConfig) -> str:
-    """Template text: the culprit's step, what followed it, its stacks (every culprit page)."""
+    """Template text: the culprit's step, what followed it (the CONSEQUENCES_LISTED earliest
+    other ranks, and how many more), its stacks (every culprit page)."""
     others = (f"({DEPARTURES}{{job_name='%s',rank!='%s'}} == on (rank) group_left () "
               f"min by (rank) ({DEPARTURES}{{job_name='%s',rank!='%s'}})) - on () group_left () "
               f"{FIRST}{{job_name='%s',rank='%s'}}")
-    labels = "$labels.job_name $labels.rank " * 3
-    after = (f'{{{{ with printf "{others}" {labels.strip()} | query | sortByLabel "rank" }}}}'
+    labels = ("$labels.job_name $labels.rank " * 3).strip()
+    earliest = f"bottomk({CONSEQUENCES_LISTED}, {others})"
+    more = f"count(count by (rank) ({others})) - {CONSEQUENCES_LISTED} > 0"
+    after = (f'{{{{ with printf "{earliest}" {labels} | query | sortByLabel "rank" }}}}'
              " After it:"
              "{{ range $i, $e := . }}{{ if $i }};{{ end }} rank {{ .Labels.rank }} "
              + _phrase(_PHRASES)
              + "{{ if ge .Value 0.0 }} {{ .Value | humanizeDuration }} later"
              "{{ else }} before it{{ end }}" + _position_of(cfg, ".Labels.rank")
-             + "{{ end }}.{{ end }}")
+             + "{{ end }}"
+             + f'{{{{ with printf "{more}" {labels} | query }}}}; and '
+             "{{ . | first | value }} more rank(s) of the job after those{{ end }}"
+             ".{{ end }}")
     return after + _stacks_text(cfg, " Its threads' stacks, captured by its node agent: ", ".")
 
 
