@@ -75,6 +75,9 @@ DEPARTURES_HELD = "job_name_rank_how:mindformers_train_departure_timestamp_secon
 DEPARTURES = "job_name_rank_how:mindformers_train_departure_timestamp_seconds:valid"
 FIRST = "job_name_rank:mindformers_train_departure_timestamp_seconds:first"
 CULPRIT = "job_name_rank_how:mindformers_train_culprit_timestamp_seconds:first"
+#: The ranks past the stall threshold (`stalled_ranks`), the seconds since their last step:
+#: recorded once for the three branches of MindFormersTrainingStalled, which read it.
+STALLED = "job_name_rank:mindformers_train_last_step_age_seconds:stalled"
 #: How long position facts (step timestamps, status) are read back after a rank's series
 #: vanish: the waiting rank's last position when its time-out comes.
 _POSITION_HOLD = "5m"
@@ -241,6 +244,7 @@ def cascade_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                  f"{m('mindformers_train_steps_total')}[{cfg.step_interval_window}]))"},
         {"record": SCRAPED,
          "expr": f"max by (job_name, rank) (timestamp({m('mindformers_train_status')}))"},
+        {"record": STALLED, "expr": stalled_ranks(cfg)},
         {"record": DEPARTURES_FRESH, "expr": fresh_departures(cfg)},
         # held: the facts a departure was read from vanish with the rank; the earliest of an
         # episode is kept (a rank's cancel at 330 s stays 330 when its exit at 360 s is seen),
@@ -402,7 +406,7 @@ def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     status = m("mindformers_train_status")
     lookback = cfg.rank_down_lookback
     culprit = f"max by (job_name, rank) ({CULPRIT}{{how=\"%s\"}})"
-    stalled = stalled_ranks(cfg)
+    stalled = STALLED
     # a rank of the job left for good: the waiting ranks' time-out, the launcher's kill
     consequence = f"max by (job_name) ({DEPARTURES}{{{_hows(TERMINAL)}}})"
     waiting = f"min by (job_name, rank) ({CULPRIT}{{{_hows(WAITING)}}})"

@@ -31,6 +31,7 @@ from .cascade import (
     DEPARTURES_FRESH,
     FIRST,
     SCRAPED,
+    STALLED,
     outside_record,
     stalled_ranks,
 )
@@ -227,10 +228,10 @@ def _shard_aware(rule: dict[str, Any], cfg: RulesConfig, stall_gate: float) -> d
         # the culprit comes through a chain of records, each read an evaluation later: the
         # stall waits that long, so that the culprit's ranks are there when it counts (else
         # the job's page first, or its ranks in two notifications)
+        # (inline, not the STALLED record: a record would add its own lag to the chain)
         later = replace(cfg, stall_for=f"{duration_seconds(cfg.stall_for) + stall_gate:g}s")
         gated = f"{stalled_ranks(later)}\nunless on (job_name, rank) {UNSEEN}"
-        rule["expr"] = _replace_once(rule["expr"], indent(stalled_ranks(cfg), "    "),
-                                     indent(gated, "    "), name)
+        rule["expr"] = _replace_once(rule["expr"], STALLED, indent(gated, "    ").strip(), name)
     elif name == "MindFormersThroughputDrop":
         # a job whose rank left the healthy state has its culprit's page coming (one
         # Prometheus has it in time for Alertmanager to mute this warning; vmalert later)
@@ -268,7 +269,8 @@ def global_groups(cfg: RulesConfig, ruler_interval: str | None = RULER_INTERVAL
     gate = 0.0 if ruler_interval is None else stall_gate_seconds(cfg, ruler_interval)
     groups = _goodput([*global_meta(cfg), *_split(recording_rules(cfg), cfg, False),
                        *_split(alerting_rules(cfg), cfg, False)], cfg)
-    return [{**g, "rules": [kept for r in g["rules"]
+    # (the stall alert holds its ranks inline: _shard_aware)
+    return [{**g, "rules": [kept for r in g["rules"] if r.get("record") != STALLED
                             for kept in _kept_firing(_shard_aware(r, cfg, gate))]}
             for g in groups]
 

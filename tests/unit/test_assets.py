@@ -63,8 +63,9 @@ def test_each_asset_command_writes_its_files_into_the_current_directory(
 def test_rules_overrides_reach_the_written_files_and_the_check(tmp_path, capsys):
     assert main(["assets", "--out", str(tmp_path), "--set", "stall_seconds=1800"]) == 0
     alerts = (tmp_path / "prometheus" / "rules" / rules.ALERTS_FILE).read_text()
-    # stall_for (2m) inside the stall threshold's expression
-    assert "> 1920" in alerts and "stall_seconds=1800" in alerts
+    recorded = (tmp_path / "prometheus" / "rules" / rules.RECORDING_FILE).read_text()
+    # stall_for (2m) inside the stall threshold's expression (the stalled ranks' record)
+    assert "> 1920" in recorded and "stall_seconds=1800" in alerts
     assert main(["rules", "--out", str(tmp_path / "prometheus" / "rules"), "--check"]) == 1
     assert main(["rules", "--out", str(tmp_path / "prometheus" / "rules"), "--check",
                  "--set", "stall_seconds=1800"]) == 0

@@ -110,9 +110,9 @@ def test_rules_with_a_custom_selector_and_thresholds_are_valid(tmp_path: Path) -
     run_tool("promtool", "check", "rules", *map(str, paths))
     text = (tmp_path / rules.ALERTS_FILE).read_text()
     assert 'mindformers_train_status{cluster="a", job=~"mindformers.*"}' in text
-    # the stall threshold with stall_for inside the expression (a consequence pages at once)
-    assert "> 1920" in text and "for: 5m" in text and "stall_seconds=1800" in text
     recorded = (tmp_path / rules.RECORDING_FILE).read_text()
+    # the stall threshold with stall_for inside the expression (a consequence pages at once)
+    assert "> 1920" in recorded and "for: 5m" in text and "stall_seconds=1800" in text
     assert 'mindformers_train_samples_total{cluster="a", job=~"mindformers.*"}' in recorded
     # the loss records are named after their window, and the alert reads those names
     assert "record: job_name:mindformers_train_loss:rank_median30m" in recorded

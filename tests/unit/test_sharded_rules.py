@@ -13,6 +13,7 @@ import yaml
 
 from mfotel import assets
 from mfotel.alerting import goodput, goodput_sharded, sharded
+from mfotel.alerting.cascade import STALLED
 from mfotel.alerting.rules import RulesConfig, alerting_rules, recording_rules
 from mfotel.localstack.servers import find_binary
 from mfotel.simulation.run import SIM_RULES
@@ -51,7 +52,9 @@ def test_every_rule_lands_in_exactly_one_part(cfg):
                       + _rule_keys([_group(global_, sharded.GOODPUT_RULES)]))
     unsharded_goodput = Counter(_rule_keys([_group(recording_rules(cfg),
                                                    sharded.GOODPUT_RULES)]))
-    assert split - meta - kept - goodput == unsharded - unsharded_goodput
+    # the stalled ranks' record: inline in the global stall alert (the next test but one)
+    stalled = Counter(k for k in unsharded if k[0] == STALLED)
+    assert split - meta - kept - goodput == unsharded - unsharded_goodput - stalled
     # the culprit pages kept firing as in one Prometheus, through a record of their condition
     assert len(kept) == 4 if cfg.culprit_keep_firing_for != "0s" else not kept
     # the per-rank parts run on every shard, the comparisons once
@@ -144,9 +147,15 @@ def test_the_global_stall_waits_for_the_culprit_chain():
     for interval, gate in (("1s", 54), ("5s", 82), ("15s", 152)):
         stalled = _condition(sharded.global_groups(cfg, interval), "MindFormersTrainingStalled")
         assert stalled.count(f") > {30 + 10 + gate}\n") == 3, interval
+    # one Prometheus: the alert's three branches read the stalled ranks' record
     [plain] = [r for g in alerting_rules(cfg) for r in g["rules"]
                if r.get("alert") == "MindFormersTrainingStalled"]
-    assert plain["expr"].count(") > 40\n") == 3
+    assert plain["expr"].count(STALLED) == 3 and ") > 40\n" not in plain["expr"]
+    [record] = [r for g in recording_rules(cfg) for r in g["rules"] if r.get("record") == STALLED]
+    assert record["expr"].count(") > 40\n") == 1
+    # the global part holds them inline (a record would add its lag): no record, no reader
+    assert STALLED not in {n for n in _names(sharded.global_groups(cfg, "1s"))}
+    assert STALLED not in stalled
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["shipped", "simulation"])
