@@ -339,7 +339,7 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                + f" steps) behind the job's leading rank (threshold {cfg.step_drift_seconds}s): "
                "ranks that should step together have drifted apart."),
     ]
-    health.append(_checkpoint_too_old(cfg))
+    health += [_checkpoint_too_old(cfg), _rank_duplicated(cfg)]
     return [{"name": "mindformers-health.alerts", "rules": health},
             {"name": "mindformers-dynamics.alerts", "rules": dynamics},
             {"name": "mindformers-performance.alerts", "rules": performance},
@@ -504,6 +504,32 @@ def _checkpoint_too_old(cfg: RulesConfig) -> dict[str, Any]:
         f"(threshold: the larger of {cfg.checkpoint_max_age_seconds}s and "
         f"{num(cfg.checkpoint_interval_factor)} x its checkpoint interval): a crash now would "
         "lose all of it. Saves are failing, hang, or are configured too rarely.")
+
+
+#: How long a rank may show on two targets before it warns: a rank restarted at another
+#: address while its old process lingers (30 s) is not a duplicate.
+RANK_DUPLICATED_FOR = "5m"
+
+
+def _rank_duplicated(cfg: RulesConfig) -> dict[str, Any]:
+    """A (job_name, rank) on two or more targets: one target in two scrape jobs, or two runs
+    sharing a job_name. The rules evaluate then (tests/unit/test_duplicate_targets.py), but a
+    job's sums count the rank once per target and its pages come once per target."""
+    status = cfg.m("mindformers_train_status")
+    # (sorted by address and job: one label, as the query's order of ties varies)
+    targets = ("{{ range $i, $e := printf \"label_join(mindformers_train_status{job_name='%s',"
+               "rank='%s'}, 'target', ' ', 'instance', 'job')\" "
+               "$labels.job_name $labels.rank | query | sortByLabel \"target\" }}"
+               "{{ if $i }},{{ end }} {{ .Labels.instance }} (scrape job "
+               "{{ .Labels.job }}){{ end }}")
+    return alert(
+        cfg, "MindFormersRankDuplicated",
+        f"count by (job_name, rank) ({status}) > 1", RANK_DUPLICATED_FOR, "warning",
+        "A rank is exposed by more than one scrape target.",
+        f"{WHO} is exposed by {{{{ $value }}}} targets:" + targets + ". The job's sums (samples "
+        "and tokens per second, its ranks' counts) count it once per target, and a page about "
+        "it comes once per target. If one target is in two scrape jobs, keep one; if two runs "
+        "share the job_name, give each its own.")
 
 
 # ---------------------------------------------------------------- rendering
