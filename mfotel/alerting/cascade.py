@@ -406,7 +406,6 @@ def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
     status = m("mindformers_train_status")
     lookback = cfg.rank_down_lookback
     culprit = f"max by (job_name, rank) ({CULPRIT}{{how=\"%s\"}})"
-    stalled = STALLED
     # a rank of the job left for good: the waiting ranks' time-out, the launcher's kill
     consequence = f"max by (job_name) ({DEPARTURES}{{{_hows(TERMINAL)}}})"
     waiting = f"min by (job_name, rank) ({CULPRIT}{{{_hows(WAITING)}}})"
@@ -433,14 +432,14 @@ def cascade_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
             cfg, "MindFormersTrainingStalled",
             # the rank the job waits for, once a rank left for good or at the stall threshold
             f"(time() - {waiting})\nand on (job_name)\n(\n"
-            f"  max by (job_name) (\n{indent(stalled, '    ')}\n  )\n  or\n  {consequence}\n)\n"
+            f"  max by (job_name) (\n{indent(STALLED, '    ')}\n  )\n  or\n  {consequence}\n)\n"
             # no rank left: the rank(s) behind the others in steps, else the job
-            f"or on (job_name)\n(\n  max by (job_name, rank) (\n{indent(stalled, '    ')}\n"
+            f"or on (job_name)\n(\n  max by (job_name, rank) (\n{indent(STALLED, '    ')}\n"
             f"    and on (job_name, rank)\n{indent(behind, '    ')}\n  )\n"
             f"  unless on (job_name) {FIRST}\n)\n"
             # no rank behind: the job, unless a rank of it stepped within the threshold (its
             # others' places were read before they stepped on)
-            f"or on (job_name)\n(\n  max by (job_name) (\n{indent(stalled, '    ')}\n  )\n"
+            f"or on (job_name)\n(\n  max by (job_name) (\n{indent(STALLED, '    ')}\n  )\n"
             f"  unless on (job_name) {FIRST}\n  unless on (job_name) "
             f"(time() - max by (job_name) ({stepped}) < {cfg.stall_seconds})\n)",
             "0m", "critical", "Training made no step progress.",
