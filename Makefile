@@ -42,7 +42,9 @@ demo:
 # compiled lazily (set-up and lint 53 -> 31-37 s): 14.25, 14.25 and 13.7 min (pytest 818, 825
 # and 790 s), 1,374-1,443 CPU-s (importing MindSpore 2.13-2.51 CPU-s), green; the floors of the
 # wall (benchmarks/suite_cpu.py) 687-721 s for the CPU over 2 cores and 668-674 s for the
-# whole-job tests, 6 at once: 8 minutes needs both cut by about 40%.
+# whole-job tests, 6 at once: 8 minutes needs both cut by about 40%. 2026-12-07 night, with the
+# doubled-target promtool run added (~12 CPU-s): 12.7 min (pytest 735 s), 1,239 CPU-s, green;
+# floors 620 s (CPU) and 648 s (whole-job tests).
 # Each test module
 # runs on one worker (loadscope), so its module-scoped servers and training runs start once;
 # the whole-job tests and the promtool runs are scheduled one by one.
