@@ -54,6 +54,7 @@ from .promql import (
     JOB,
     WHO,
     alert,
+    by_rank,
     ended_as_asked,
     indent,
     num,
@@ -87,12 +88,8 @@ def _hows(names: tuple[str, ...]) -> str:
     return f'how=~"{"|".join(names)}"'
 
 
-def _by_rank(expr: str) -> str:
-    return f"max by (job_name, rank) ({expr})"
-
-
 def _held(cfg: RulesConfig, name: str, window: str = _POSITION_HOLD, *matchers: str) -> str:
-    return _by_rank(f"last_over_time({cfg.m(name, *matchers)}[{window}])")
+    return by_rank(f"last_over_time({cfg.m(name, *matchers)}[{window}])")
 
 
 def _labelled(expr: str, how: str) -> str:
@@ -136,18 +133,18 @@ def fresh_departures(cfg: RulesConfig) -> str:
                   f"and on (job_name, rank) ({_held(cfg, 'mindformers_train_status')} == "
                   f"{STATUS_RUNNING})\n"
                   f"and on (job_name, rank) {_lasted(cfg, end, outside_record(cfg))}")
-    answer = _by_rank(m("mfotel_node_rank_endpoint_last_answer_timestamp_seconds"))
+    answer = by_rank(m("mfotel_node_rank_endpoint_last_answer_timestamp_seconds"))
     # silent since its last answer (or its last step, if Prometheus saw a later one)
     silent_since = (f"(\n{indent(end)}\n  > on (job_name, rank)\n  {answer}\n"
                     f"  or on (job_name, rank)\n  {answer}\n)")
-    up = _by_rank(m("mfotel_node_rank_endpoint_up"))
-    alive = _by_rank(m("mfotel_node_rank_state", ALIVE))
+    up = by_rank(m("mfotel_node_rank_endpoint_up"))
+    alive = by_rank(m("mfotel_node_rank_state", ALIVE))
     unresponsive = (f"{silent_since}\n"
                     f"and on (job_name, rank) ({up} == 0)\n"
                     f"and on (job_name, rank) ({alive} == 1)\n"
                     f"and on (job_name, rank) "
                     f"{_lasted(cfg, answer, step_interval_record(cfg))}")
-    stopped = _by_rank(m("mfotel_node_rank_stopped_timestamp_seconds"))
+    stopped = by_rank(m("mfotel_node_rank_stopped_timestamp_seconds"))
     window = cfg.cascade_window
     # a rank's own end, over the window: a rank lingering until scraped shows it in one scrape,
     # which an evaluation can miss (it ran before that scrape was stored, the next after the
@@ -169,7 +166,7 @@ def fresh_departures(cfg: RulesConfig) -> str:
                 f"unless on (job_name, rank) ({completed} >= 1)\n"
                 f"unless on (job_name, rank) {m('mfotel_node_rank_state')}\n"
                 f"unless on (job_name, rank) ({agent_ended} == 1)")
-    exit_at = _by_rank(m("mfotel_node_rank_exit_timestamp_seconds"))
+    exit_at = by_rank(m("mfotel_node_rank_exit_timestamp_seconds"))
     last_end = _held(cfg, end_at, window, 'reason!="failed"')
     ended = (f"{last_end}\nor on (job_name, rank)\n"
              f"({exit_at} unless on (job_name, rank) {FAILED_EXIT})")
@@ -390,7 +387,7 @@ def behind_ranks(cfg: RulesConfig) -> str:
     step = _held(cfg, "mindformers_train_step")
     begin = _held(cfg, "mindformers_train_step_begin_timestamp_seconds")
     end = _held(cfg, "mindformers_train_last_step_timestamp_seconds")
-    scraped = _by_rank(f"last_over_time({SCRAPED}[{_POSITION_HOLD}])")
+    scraped = by_rank(f"last_over_time({SCRAPED}[{_POSITION_HOLD}])")
     position = (f"{step}\n+ on (job_name, rank)\n"
                 f"(\n  0.5 * ({begin} > bool on (job_name, rank) {end})\n"
                 f"  or on (job_name, rank)\n  0 * {step}\n)")

@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..time_account import PHASES
-from .promql import alert, indent, num
+from .promql import alert, by_rank, indent, num
 from .thresholds import RulesConfig, duration_seconds
 
 #: The rule group's evaluation interval: the `offset` of every per-minute increase.
@@ -152,11 +152,10 @@ def _increase(name: str, old_process: bool = False) -> str:
     (OLD)."""
     new = _seen(name)
     if old_process:
-        # (max by: one per rank, as a rank scraped by two jobs has each series twice)
         by = _by(name)
-        new = (f"{_seen(name)}\n+ on ({by}) group_left ()\n"
-               f"max by ({by}) (clamp_min({OLD[name]} - on ({by}) group_left () "
-               f"max by ({by}) ({_seen(name, before=True)}), 0))\nor\n{_seen(name)}")
+        old = by_rank(f"clamp_min({OLD[name]} - on ({by}) group_left () "
+                      f"{by_rank(_seen(name, before=True), by)}, 0)", by)
+        new = f"{_seen(name)}\n+ on ({by}) group_left ()\n{old}\nor\n{_seen(name)}"
     return (f"({_seen(name)} - {_seen(name, before=True)})\n"
             f"and on (job_name, rank) {_same_process()}\nor\n{new}")
 
@@ -220,9 +219,8 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                   f"  and on ({RUN}) ({ATTEMPTS} > 0)\n)\nor\n"
                   f"(\n  last_over_time({HIGH_WATER}[{LOOKBACK}] offset {INTERVAL})\n"
                   f"  and on ({RUN}) {STEP_MIN}\n)\nor\n{STEP_MIN} * 0")
-    # (one per rank: a rank scraped by two jobs has its step twice)
-    above = (f"max by (job_name, rank) (clamp_min(\n{indent(of_run(cfg, step))}\n"
-             f"  - on ({RUN}) group_left ()\n  {HIGH_WATER},\n  0\n))")
+    above = by_rank(f"clamp_min(\n{indent(of_run(cfg, step))}\n"
+                    f"  - on ({RUN}) group_left ()\n  {HIGH_WATER},\n  0\n)")
     redone = (f"clamp_min(\n{indent(of_run(cfg, _increase('mindformers_train_steps_total')))}"
               f"\n  - on (job_name, rank) group_left ()\n{indent(above)},\n  0\n)")
     step_time = f'sum without (phase) ({PHASE_INCREASE}{{phase="step"}})'
@@ -277,10 +275,9 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                      f"{seen_now}\nand on ({RUN}) (\n{indent(held)}\n)\nor\n{held}")
     # each restarted rank's downtime: from its own last event a minute ago (its old process's
     # last scrape, within LOOKBACK), else from the run's last event
-    # (max by: one per rank, as a rank scraped by two jobs has each series twice)
     known = (f"clamp_min(\n  ({indent(new_rank, '  ').strip()})\n"
              f"  - on (job_name, rank) group_left ()\n"
-             f"  max by (job_name, rank) ({indent(last_event_before, '  ').strip()}),\n  0\n)")
+             f"  {by_rank(indent(last_event_before, '  ').strip())},\n  0\n)")
     unknown = f"({restarted})\nunless on (job_name, rank)\n({last_event_before})"
     rank_downtime = (f"{of_run(cfg, known)}\nor\nclamp_min(\n{indent(of_run(cfg, unknown))}\n"
                      f"  - on ({RUN}) group_left ()\n  last_over_time({LAST_EVENT}[{w}] offset "

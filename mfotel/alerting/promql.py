@@ -58,6 +58,12 @@ def running_lately(cfg: RulesConfig) -> str:
     return f"last_over_time({cfg.m('mindformers_train_status')}[5m]) == {STATUS_RUNNING}"
 
 
+def by_rank(expr: str, by: str = "job_name, rank") -> str:
+    """`expr` with one series per rank (per `by`): a rank scraped by two scrape jobs has each
+    of its series twice, and a one-to-one match or a count of ranks must see it once."""
+    return f"max by ({by}) ({expr})"
+
+
 def indent(expr: str, by: str = "  ") -> str:
     return "\n".join(by + line for line in expr.splitlines())
 

@@ -31,6 +31,7 @@ from .promql import (
     JOB,
     WHO,
     alert,
+    by_rank,
     in_step,
     indent,
     num,
@@ -204,11 +205,10 @@ def job_truth_records(cfg: RulesConfig) -> list[dict[str, Any]]:
     outside = m("mindformers_train_step_outside_seconds_total")
     return [
         # seconds outside per second of wall time: a share, 0..1 (the sum: a process restarted
-        # at another address within the minute; each address once, however many scrape jobs
-        # scrape it)
+        # at another address within the minute; each address once)
         {"record": OUTSIDE_SHARE,
-         "expr": f"clamp(sum by (job_name, rank) (max by (job_name, rank, instance) "
-                 f"(rate({outside}[1m]))), 0, 1)"},
+         "expr": f"clamp(sum by (job_name, rank) "
+                 f"({by_rank(f'rate({outside}[1m])', 'job_name, rank, instance')}), 0, 1)"},
         # against the median rank: one rank far above it is waited for; a job whose ranks
         # all wait for their input (or all but one) has no straggler
         {"record": WAITED_FOR,
@@ -448,9 +448,8 @@ def nonfinite_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:
                "it followed (the gradient all-reduce carried it). Sent nowhere: it mutes this "
                "rank's own MindFormersLossNotFinite; the page names the rank it started on."),
         alert(cfg, "MindFormersGradNormNotFinite",
-               # (ranks, not series: max by, as a rank scraped by two jobs has them twice)
                f"count by (job_name) (\n"
-               f"  max by (job_name, rank) (sum without (metric) (increase({nf_grad}[{w}])) > 0)\n"
+               f"  {by_rank(f'sum without (metric) (increase({nf_grad}[{w}])) > 0')}\n"
                f"  unless on (job_name, rank)\n  (increase({overflow}[{w}]) > 0)\n)\n"
                f"unless on (job_name)\n(\n{indent(f'max by (job_name) ({recent})')}\n)",
                cfg.grad_norm_nonfinite_for, "critical",
@@ -487,12 +486,10 @@ def _checkpoint_too_old(cfg: RulesConfig) -> dict[str, Any]:
     age = (f"time() - (\n    {m('mindformers_train_last_checkpoint_timestamp_seconds')}\n"
            f"    or on (job_name, rank)\n    {m('mindformers_train_start_timestamp_seconds')}\n  )")
     steps_rate = f"rate({m('mindformers_train_steps_total')}[{cfg.checkpoint_rate_window}])"
-    # (one per rank: a rank scraped by two jobs has each series twice)
-    interval = (f"max by (job_name, rank) ({m('mindformers_train_checkpoint_interval_steps')})\n"
-                f"    / on (job_name, rank) max by (job_name, rank) ({steps_rate} > 0)\n"
+    interval = (f"{by_rank(m('mindformers_train_checkpoint_interval_steps'))}\n"
+                f"    / on (job_name, rank) {by_rank(f'{steps_rate} > 0')}\n"
                 f"    or on (job_name, rank)\n"
-                f"    max by (job_name, rank) "
-                f"({m('mindformers_train_checkpoint_interval_seconds')})")
+                f"    {by_rank(m('mindformers_train_checkpoint_interval_seconds'))}")
     return alert(
         cfg, "MindFormersCheckpointTooOld",
         f"(\n  {age}\n)\n> on (job_name, rank) group_left ()\nclamp_min(\n"
