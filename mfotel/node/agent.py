@@ -6,7 +6,8 @@ and /proc it tells, per rank:
 
 - the process state: running, stopped (SIGSTOP), zombie, exited; how it ended: exit code,
   terminating signal, OOM kill (the kernel's `oom_kill` count of its memory cgroup rose as it
-  died by SIGKILL), or "cancelled" when it ended after mfotel-instrument passed a cancel on;
+  died by SIGKILL, or shortly before: oom.py), or "cancelled" when it ended after
+  mfotel-instrument passed a cancel on;
 - whether its /metrics answered a short liveness probe (`liveness`): "alive but not
   answering" (GIL held, compiling) is told apart from "gone";
 - the CPU seconds and resident memory of its process;
@@ -65,6 +66,7 @@ from ..identity import RANK_VARS, identity_from_env
 from ..node_link import ANNOUNCEMENT_LIMIT, Announcement
 from ..regular_file import NotRegularFile, read_regular_file
 from . import liveness, procfs
+from .oom import OomCounts, OomLedger
 from .procfs import ProcStat
 from .stacks import StackWatcher
 
@@ -144,8 +146,7 @@ class _Rank:
     local_rank: int
     job_name: str
     stat: ProcStat
-    oom_files: list[Path]
-    oom_counts: tuple[int | None, ...]
+    oom: OomCounts
     identity_read: bool = False   # its endpoint told (or refused to tell) who it is
     endpoint: tuple[str, int] | None = None  # address, port
     answering: bool | None = None
@@ -246,6 +247,7 @@ class NodeAgent:
         self._verdicts: dict[tuple[int, int, str], bool] = {}
         self._told: dict[str, int] = {}                  # announcement file -> mtime read
         self._reaped: dict[int, int] = {}               # pid -> wait status (the supervisor's)
+        self._oom = OomLedger()                          # OOM kills told as a rank's exit
         self._pidfds: dict[int, int] = {}               # fd -> pid
         self._poller = select.poll()
         self._cancelled_at: float | None = None
@@ -373,9 +375,9 @@ class NodeAgent:
             return None
         self._verdicts[key] = True
         job_name = env.get("OTEL_SERVICE_NAME", "").strip() or self.settings.job_name
-        files = procfs.memory_cgroup_files(stat.pid)
-        return _Rank(stat.pid, stat.start_ticks, rank, local, job_name, stat, files,
-                     procfs.oom_kill_counts(files), env_rank=named)
+        file = procfs.memory_cgroup_file(stat.pid)
+        return _Rank(stat.pid, stat.start_ticks, rank, local, job_name, stat,
+                     OomCounts(file, procfs.oom_kill_count(file)), env_rank=named)
 
     def _helper(self, stat: ProcStat, table: dict[int, ProcStat],
                 env: Mapping[str, str]) -> bool:
@@ -450,9 +452,9 @@ class NodeAgent:
         new = rank is None
         if rank is None:
             assert stat is not None
-            files = procfs.memory_cgroup_files(stat.pid)
+            file = procfs.memory_cgroup_file(stat.pid)
             rank = _Rank(stat.pid, stat.start_ticks, told.rank, told.local_rank, told.job_name,
-                         stat, files, procfs.oom_kill_counts(files),
+                         stat, OomCounts(file, procfs.oom_kill_count(file)),
                          env_rank=rank_of(procfs.read_environ(stat.pid) or {}))
         with self._lock:
             if rank.endpoint is not None and rank.endpoint[1] != told.port:
@@ -535,14 +537,14 @@ class NodeAgent:
 
     def _follow(self, rank: _Rank, stat: ProcStat | None, slow: bool) -> None:
         """A scan's look at a live rank: its state, an exit without pidfd; every probe
-        interval (`slow`) its memory cgroup's OOM-kill counts, the baseline of its end."""
+        interval (`slow`) its memory cgroup's OOM-kill count, the baseline of its end."""
         if stat is not None and stat.start_ticks == rank.start_ticks and not stat.ended:
             rank.stat = stat
             with self._lock:
                 self._note_stopped(rank, stat)
             if slow:  # its cgroup again: a process may be moved (a container runtime, a test)
-                rank.oom_files = procfs.memory_cgroup_files(rank.pid) or rank.oom_files
-                rank.oom_counts = procfs.oom_kill_counts(rank.oom_files)
+                file = procfs.memory_cgroup_file(rank.pid) or rank.oom.file
+                rank.oom.reread(file, procfs.oom_kill_count(file), self.clock())
             return
         if rank.ended_at is None:
             self._ended(rank.pid)  # no pidfd (old kernel): seen by the scan
@@ -579,11 +581,10 @@ class NodeAgent:
             if status is None and self.clock() - rank.ended_at < _PENDING_SECONDS:
                 return  # the supervisor may be reaping it right now
             cancelled = self._cancelled_at is not None and self._cancelled_at <= rank.ended_at
-        after = procfs.oom_kill_counts(rank.oom_files)
         killed = status is not None and os.WIFSIGNALED(status) and \
             os.WTERMSIG(status) == signal.SIGKILL
-        oom = killed and any(a is not None and b is not None and a > b
-                             for a, b in zip(after, rank.oom_counts, strict=True))
+        oom = killed and self._oom.tell(rank.oom, procfs.oom_kill_count(rank.oom.file),
+                                        rank.ended_at)
         done = Exit(rank.ended_at, status, oom, cancelled)
         with self._lock:
             rank.exit, rank.end_ticks = done, procfs.uptime_ticks()

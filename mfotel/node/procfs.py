@@ -6,7 +6,7 @@ read: processes end between two reads, and the caller decides what that means.
 
     stat = read_stat(pid)          # ProcStat(state="S", cpu_seconds=12.5, ...)
     listening_ports(pid)           # [("127.0.0.1", 9465)]
-    oom_kill_counts(pid)           # (0, 0): its memory cgroup and each parent's
+    oom_kill_count(memory_cgroup_file(pid))  # 0: the kills its memory cgroup counted
 """
 from __future__ import annotations
 
@@ -325,14 +325,17 @@ def _mount_points() -> dict[str, str]:
     return found
 
 
-def memory_cgroup_files(pid: int) -> list[Path]:
-    """The files that count OOM kills for the process's memory cgroup and each parent up to
-    the mount point: cgroup v2 `memory.events`, or v1 `memory.oom_control`."""
+def memory_cgroup_file(pid: int) -> Path | None:
+    """The file that counts the OOM kills of the process's memory cgroup: cgroup v2
+    `memory.events` of the nearest cgroup up from its own that has the memory controller, or v1
+    `memory.oom_control`. The kernel counts a kill in the victim's memory cgroup whichever
+    limit was met (v2 also adds it to every parent's, v1 does not): a parent's count would
+    tell a sibling's kill as this process's."""
     mounts = _mount_points()
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
-        return []
+        return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "memory" and "memory" in mounts:
@@ -342,20 +345,19 @@ def memory_cgroup_files(pid: int) -> list[Path]:
         else:
             continue
         folder = root / path.lstrip("/")
-        files = []
         while True:
             if (folder / name).is_file():
-                files.append(folder / name)
+                return folder / name
             if folder == root or root not in folder.parents:
                 break
             folder = folder.parent
-        if files:
-            return files
-    return []
+    return None
 
 
-def oom_kill_count(path: Path) -> int | None:
+def oom_kill_count(path: Path | None) -> int | None:
     """The `oom_kill` line of a memory.events / memory.oom_control file."""
+    if path is None:
+        return None
     try:
         for line in path.read_text().splitlines():
             key, _, count = line.partition(" ")
@@ -364,8 +366,3 @@ def oom_kill_count(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return None
-
-
-def oom_kill_counts(files: list[Path]) -> tuple[int | None, ...]:
-    """The kernel's OOM-kill counts of `files` (memory_cgroup_files), in the same order."""
-    return tuple(oom_kill_count(path) for path in files)

@@ -27,7 +27,15 @@ import pytest
 
 from mfotel.node import liveness, procfs
 from mfotel.node import metrics as node_metrics
-from mfotel.node.agent import PORT_WINDOW, Exit, RankView, rank_info, rank_of
+from mfotel.node.agent import (
+    DEFAULT_PROBE_INTERVAL,
+    PORT_WINDOW,
+    Exit,
+    RankView,
+    rank_info,
+    rank_of,
+)
+from mfotel.node.oom import KILL_TO_EXIT_SECONDS, OomCounts, OomLedger
 from mfotel.node.service import config_argument, node_port, training_config
 from tests.support.metrics import samples, scrape
 from tests.support.multirank import ROOT, child_env, free_port_block, stop_launcher
@@ -147,8 +155,9 @@ def test_procfs_reads_a_live_process_and_its_listening_socket():
         sleeper.kill()
         sleeper.wait()
     # the kernel's OOM-kill count of our memory cgroup (v2 memory.events or v1 oom_control)
-    files = procfs.memory_cgroup_files(os.getpid())
-    assert files and all(isinstance(c, int) for c in procfs.oom_kill_counts(files))
+    file = procfs.memory_cgroup_file(os.getpid())
+    assert file is not None and file.name in ("memory.events", "memory.oom_control")
+    assert isinstance(procfs.oom_kill_count(file), int)
 
 
 def test_a_zombie_shows_its_exit_status_until_its_parent_reaps_it():
@@ -302,7 +311,8 @@ class AgentJob:
     """`mfotel-instrument [options] node_agent_job.py` of `ranks` small ranks."""
 
     def __init__(self, tmp: Path, ranks: int, options: list[str], linger: float = 30.0,
-                 config_job_name: str = "from-config", job_options: bool = False) -> None:
+                 config_job_name: str = "from-config", job_options: bool = False,
+                 probe_interval: float = PROBE_INTERVAL) -> None:
         # `options` go to mfotel-instrument, or with `job_options` to node_agent_job.py
         launcher_options, script_options = ([], options) if job_options else (options, [])
         self.base = free_port_block(ranks + 1)
@@ -319,7 +329,7 @@ class AgentJob:
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
                 [*INSTRUMENT, "--config", str(config), "--node-probe-interval",
-                 str(PROBE_INTERVAL), "--node-linger", str(linger), *launcher_options,
+                 str(probe_interval), "--node-linger", str(linger), *launcher_options,
                  sys.executable, str(JOB_SCRIPT), "--ranks", str(ranks), "--port",
                  str(self.rank_port), "--job-name", JOB, "--control", str(self.control),
                  *script_options],
@@ -538,14 +548,62 @@ def test_killing_the_agent_leaves_the_ranks_training_and_serving(agent_job):
     assert job.node() == {}
 
 
+# ---------------------------------------------------------------- OOM kills (pure)
+@pytest.mark.parametrize("reads, after, ended_at, oom", [
+    ([], 0, 50.0, False),                           # no kill counted: a plain SIGKILL
+    ([], 1, 50.0, True),                            # counted as it died
+    ([1], 1, 40.0, True),                           # a read at 40 between the kill and the exit
+    ([1], 1, 40.0 + KILL_TO_EXIT_SECONDS, True),
+    ([1], 1, 40.1 + KILL_TO_EXIT_SECONDS, False),   # a kill long before: not its own
+    ([1, 1, 1], 1, 45.0, True),                     # kept over reads that see no more
+    ([1, 2], 2, 45.0, True),                        # more kills in the window: from the first
+    ([None, 1], 1, 45.0, True),                     # an unreadable count changes nothing
+], ids=["none", "at-exit", "read-between", "window-end", "past-window", "kept", "more",
+        "unreadable"])
+def test_an_oom_kill_is_told_when_a_read_falls_between_the_kill_and_the_exit(
+        reads, after, ended_at, oom):
+    """The kernel counts the kill as it sends SIGKILL; the victim exits once its memory is torn
+    down. A read every probe interval (at 40 s, 41 s ...) may fall in between (CI told a real
+    OOM kill as "signal" so)."""
+    counts = OomCounts(Path("memory.events"), 0)
+    for at, read in enumerate(reads):
+        counts.reread(Path("memory.events"), read, 40.0 + at)
+    assert OomLedger().tell(counts, after, ended_at) is oom
+
+
+def test_one_oom_kill_explains_one_exit_of_the_ranks_sharing_its_cgroup():
+    """A node's ranks in one container: the victim's kill is counted in the cgroup of all, and
+    the launcher then SIGKILLs the others. The first exit told is the victim's."""
+    shared, ledger = Path("pod/memory.events"), OomLedger()
+    ranks = [OomCounts(shared, 3) for _ in range(3)]
+    ranks[2].reread(shared, 4, 10.0)  # a read of one rank between the kill and the exits
+    assert [ledger.tell(rank, 4, 11.0) for rank in ranks] == [True, False, False]
+    assert ledger.tell(OomCounts(shared, 4), 5, 60.0)      # the next kill, the next victim
+    assert OomLedger().tell(OomCounts(Path("other"), 3), 4, 11.0)  # another cgroup's kill
+
+
+def test_a_rank_moved_to_another_cgroup_starts_its_count_over():
+    counts = OomCounts(Path("a/memory.events"), 0)
+    counts.reread(Path("a/memory.events"), 1, 10.0)
+    counts.reread(Path("b/memory.events"), 7, 11.0)  # b's kills are none of this rank's
+    assert not OomLedger().tell(counts, 7, 12.0)
+    assert OomLedger().tell(counts, 8, 12.0)
+
+
+def test_a_cgroup_made_again_at_the_same_path_counts_from_zero():
+    ledger, path = OomLedger(), Path("job/memory.events")
+    assert ledger.tell(OomCounts(path, 4), 5, 1.0)
+    assert ledger.tell(OomCounts(path, 0), 1, 2.0)   # a new job's cgroup: its first kill
+
+
 @pytest.fixture
 def memory_cgroup() -> Iterator[tuple[Path, str]]:
     """A memory cgroup of the test's own, below this process's (v1 or v2), removed after;
     (its folder, the name of its limit file)."""
-    files = procfs.memory_cgroup_files(os.getpid())
-    assert files, "no memory cgroup found for this process in /proc/self/cgroup"
-    parent = files[0].parent
-    limit = "memory.limit_in_bytes" if files[0].name == "memory.oom_control" else "memory.max"
+    file = procfs.memory_cgroup_file(os.getpid())
+    assert file, "no memory cgroup found for this process in /proc/self/cgroup"
+    parent = file.parent
+    limit = "memory.limit_in_bytes" if file.name == "memory.oom_control" else "memory.max"
     folder = parent / f"mfotel-oom-test-{os.getpid()}"
     try:
         folder.mkdir()
@@ -568,25 +626,33 @@ def memory_cgroup() -> Iterator[tuple[Path, str]]:
                 time.sleep(0.1)
 
 
-def test_a_rank_killed_by_the_oom_killer_is_told_from_kill_9(agent_job, memory_cgroup):
+@pytest.mark.parametrize("shared", [False, True], ids=["its-own-cgroup", "one-cgroup-for-both"])
+def test_a_rank_killed_by_the_oom_killer_is_told_from_kill_9(agent_job, memory_cgroup, shared):
     """A real OOM kill: rank 1 starts in a memory cgroup, which then gets a limit that rank 1
     exceeds; the kernel SIGKILLs it and counts an oom_kill there. Rank 0, killed by msrun-like
-    SIGKILL after it, is "signal"."""
+    SIGKILL after it, is "signal", also when it shares that cgroup (one container for both:
+    the kill is counted for both ranks' cgroup)."""
     folder, limit = memory_cgroup
     # started there, not moved there: the agent reads a rank's cgroup when it meets it and
     # again once a probe interval, and a move raced that read on a loaded machine (CI told the
     # OOM kill as a plain SIGKILL)
-    job = agent_job(2, "--cgroup", f"1={folder}", job_options=True)
-    assert str(job.pids[1]) in (folder / "cgroup.procs").read_text().split()
+    # the default probe interval: the launcher's kill of rank 0 then mostly comes before the
+    # agent's next read of its count (shared, the read that once told it "oom")
+    both = ["--cgroup", f"0={folder}"] if shared else []
+    job = agent_job(2, "--cgroup", f"1={folder}", *both, job_options=True,
+                    probe_interval=DEFAULT_PROBE_INTERVAL)
+    members = (folder / "cgroup.procs").read_text().split()
+    assert str(job.pids[1]) in members and (str(job.pids[0]) in members) == shared
     until(lambda: all(job.value("mfotel_node_rank_endpoint_up", r) == 1 for r in range(2)),
           "ranks answering")
-    rss = procfs.read_stat(job.pids[1]).rss_bytes
-    (folder / limit).write_text(str(rss + (64 << 20)))
+    usage = "memory.usage_in_bytes" if limit == "memory.limit_in_bytes" else "memory.current"
+    (folder / limit).write_text(str(int((folder / usage).read_text()) + (64 << 20)))
     write_atomically(job.control / "alloc-1", "256")
     info = until(lambda: job.exit_info(1), "rank 1's exit")
     assert (info["cause"], info["signal"], info["signal_name"]) == ("oom", "9", "SIGKILL")
-    assert procfs.oom_kill_count(folder / files_name(limit)) >= 1
-    assert until(lambda: job.exit_info(0), "rank 0's exit")["cause"] == "signal"
+    assert procfs.oom_kill_count(folder / files_name(limit)) == 1
+    rank0 = until(lambda: job.exit_info(0), "rank 0's exit")
+    assert (rank0["cause"], rank0["signal"]) == ("signal", "9")
 
 
 def files_name(limit: str) -> str:
