@@ -22,7 +22,7 @@ from ..contract import (
     STATUS_RUNNING,
     finite_samples,
 )
-from . import goodput
+from . import goodput, rule_health
 from .cascade import FAILED_EXIT as FAILED_EXIT
 from .cascade import FIRST, cascade_alerts, cascade_records
 from .goodput import goodput_alerts, goodput_records
@@ -345,7 +345,8 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
             {"name": "mindformers-performance.alerts", "rules": performance},
             {"name": "mindformers-cascade.alerts", "rules": cascade_alerts(cfg)},
             {"name": "mindformers-node.alerts", "rules": node_alerts(cfg)},
-            {"name": "mindformers-goodput.alerts", "rules": goodput_alerts(cfg)}]
+            {"name": "mindformers-goodput.alerts", "rules": goodput_alerts(cfg)},
+            {"name": rule_health.GROUP, "rules": rule_health.rule_health_alerts(cfg)}]
 
 
 def node_alerts(cfg: RulesConfig) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from . import goodput
+from . import goodput, rule_health
 from .cascade import (
     CULPRIT,
     DEPARTURES,
@@ -97,11 +97,12 @@ def scraper_records(cfg: RulesConfig) -> frozenset[str]:
                       outside_record(cfg), SCRAPED})
 
 
-#: Alerts on one target's series only (a rank's, or its node agent's).
+#: Alerts on one target's series only (a rank's, or its node agent's), and on the rule
+#: evaluators' own metrics (each shard's, and the global ruler's it scrapes).
 SCRAPER_ALERTS = frozenset({
     "MindFormersTrainingFailed", "MindFormersLossSpike", "MindFormersGradNormSpike",
     "MindFormersLossScaleOverflowStorm", "MindFormersCheckpointTooOld",
-    "MindFormersRankUnresponsive"})
+    "MindFormersRankUnresponsive", *rule_health.ALERTS})
 
 
 def _name(rule: dict[str, Any]) -> str:

@@ -32,12 +32,15 @@ from .servers import (
     Alertmanager,
     Prometheus,
     find_binary,
+    free_port,
 )
 
+#: The shipped prometheus.yml's job scraping Prometheus itself (mfotel.alerting.rule_health).
+SELF_JOB = "prometheus"
 #: What AlertingStack changes in the shipped files, in the words the demo prints.
 OPERATOR_CHANGES = (
     "prometheus.yml: scrape_interval and evaluation_interval {interval} (shipped: 15s), the "
-    "scrape targets and the Alertmanager address",
+    "scrape targets (its own address too) and the Alertmanager address",
     "alertmanager.yml: the webhook URLs (the receiver on loopback)",
     "rules, routes, group_wait and every `for:` as shipped",
 )
@@ -64,9 +67,10 @@ def check_binaries() -> None:
 
 # ---------------------------------------------------------------- config rewriting
 def operator_prometheus_config(text: str, targets: Sequence[str], alertmanager: str,
-                               interval: str = "1s") -> str:
+                               interval: str = "1s", itself: str | None = None) -> str:
     """The shipped prometheus.yml as an operator wires it: the static scrape job pointed at
-    `targets`, Alertmanager at `alertmanager`, scrape and evaluation every `interval`.
+    `targets`, Alertmanager at `alertmanager`, scrape and evaluation every `interval`, and its
+    `prometheus` job at its own address `itself` (host:port) when given.
 
     Rule files keep their paths (relative to the config file), the file_sd job stays.
     """
@@ -76,6 +80,9 @@ def operator_prometheus_config(text: str, targets: Sequence[str], alertmanager: 
     job = next(j for j in config["scrape_configs"] if "static_configs" in j)
     job["static_configs"] = [{"targets": list(targets),
                               "labels": job["static_configs"][0].get("labels", {})}]
+    if itself is not None:
+        own = next(j for j in config["scrape_configs"] if j["job_name"] == SELF_JOB)
+        own["static_configs"] = [{"targets": [itself]}]
     return yaml.safe_dump(config, sort_keys=False)
 
 
@@ -145,10 +152,12 @@ class AlertingStack:
             for key, name in (("recording", rules_module.RECORDING_FILE),
                               ("alerts", rules_module.ALERTS_FILE)):
                 (prom_dir / "rules" / name).write_text(self.files[key])
+            port = free_port()
             self.prometheus = Prometheus(
                 operator_prometheus_config(self.files["prometheus"], self.targets,
-                                           f"127.0.0.1:{alertmanager.port}", self.interval),
-                workdir=prom_dir).start()
+                                           f"127.0.0.1:{alertmanager.port}", self.interval,
+                                           itself=f"127.0.0.1:{port}"),
+                workdir=prom_dir, port=port).start()
         except BaseException:
             self.stop()
             raise

@@ -10,7 +10,8 @@ ruler, two clustered Alertmanagers (docs/scaling.md, section 7).
   hashes to it (`hashmod` over `__address__`, as the Prometheus Operator's `shards:` does),
   with the scraper part of the rules (mfotel.alerting.sharded), `external_labels`
   `shard: "<i>"`, `remote_write` to the store, and alerts to both Alertmanagers; it also
-  scrapes the store and the ruler (`mfotel_component`), whose outage it pages;
+  scrapes itself (its rule alerts) and the store and the ruler (`mfotel_component`), whose
+  outage it pages;
 - VictoriaMetrics holds every shard's samples and the ruler's records;
 - `vmalert` evaluates the global part over the store, writes its records back, restores its
   alerts' state from it, and notifies both Alertmanagers;
@@ -39,7 +40,7 @@ from ..alerting.sharded import (
     record_lag_seconds,
 )
 from ..assets import alertmanager_files, sharded_rule_files, write_files
-from .alerting import operator_alertmanager_config, shipped_files
+from .alerting import SELF_JOB, operator_alertmanager_config, shipped_files
 from .servers import Alertmanager, Prometheus, _Server, free_port
 from .victoria import VictoriaMetrics, VMAlert
 
@@ -54,12 +55,13 @@ FLUSH_SECONDS = RULER_FLUSH_SECONDS
 
 def shard_config(shipped: str, shard: int, shards: int, file_sd: str | Path,
                  interval: float, store: str, alertmanagers: list[str],
-                 components: Mapping[str, str], external: Mapping[str, str] | None = None
-                 ) -> str:
+                 components: Mapping[str, str], external: Mapping[str, str] | None = None,
+                 itself: str = "prometheus-0:9090") -> str:
     """The shipped prometheus.yml as shard `shard` of `shards`: its file_sd job on `file_sd`
-    keeping its share of the targets, the scraper rules, remote_write to `store` (a
-    VictoriaMetrics URL), alerts to every `alertmanagers` address (host:port), and a scrape
-    job per global component (`components`: name -> host:port)."""
+    keeping its share of the targets, its `prometheus` job on its own address `itself`
+    (host:port, one per shard: its rule alerts name it), the scraper rules, remote_write to
+    `store` (a VictoriaMetrics URL), alerts to every `alertmanagers` address (host:port), and a
+    scrape job per global component (`components`: name -> host:port)."""
     if not 0 <= shard < shards:
         raise ValueError(f"shard {shard} of {shards}: a shard's number is 0 .. shards - 1")
     config = yaml.safe_load(shipped)
@@ -78,7 +80,9 @@ def shard_config(shipped: str, shard: int, shards: int, file_sd: str | Path,
         {"source_labels": ["__address__"], "modulus": shards, "target_label": "__tmp_shard",
          "action": "hashmod"},
         {"source_labels": ["__tmp_shard"], "regex": str(shard), "action": "keep"}]
-    config["scrape_configs"] = [job] + [
+    own = next(j for j in config["scrape_configs"] if j["job_name"] == SELF_JOB)
+    own["static_configs"] = [{"targets": [itself]}]
+    config["scrape_configs"] = [job, own] + [
         {"job_name": f"mfotel-{name}",
          "static_configs": [{"targets": [address], "labels": {COMPONENT_LABEL: name}}]}
         for name, address in components.items()]
@@ -156,13 +160,14 @@ class ShardedStack:
             components = {"store": f"127.0.0.1:{self.store.port}",
                           "global-ruler": f"127.0.0.1:{self.ruler.port}"}
             for shard in range(self.shards):
+                port = free_port()
                 text = shard_config(self.files["prometheus"], shard, self.shards, self.file_sd,
                                     self.interval, self.store.url,
                                     [f"127.0.0.1:{a.port}" for a in self.alertmanagers],
-                                    components)
+                                    components, itself=f"127.0.0.1:{port}")
                 self.scrapers.append(Prometheus(
                     text, rule_files=[by_name[SCRAPER_FILE]],
-                    workdir=self.workdir / f"shard-{shard}").start())
+                    workdir=self.workdir / f"shard-{shard}", port=port).start())
         except BaseException:
             self.stop()
             raise

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..alerting.receiver import AlertsReceiver
 from ..alerting.rules import RulesConfig, duration_seconds, write_rules
 from ..alerting.webhook import ReceivedAlert
-from ..localstack.alerting import AlertingStack
-from ..localstack.servers import Prometheus, http_get_json
+from ..localstack.alerting import SELF_JOB, AlertingStack
+from ..localstack.servers import Prometheus, free_port, http_get_json
 
 FILE_SD_JOB = "mindformers-file-sd"
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')
@@ -32,9 +32,11 @@ _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"?(.*?)"?\
 
 # ---------------------------------------------------------------- configs
 def prometheus_config(text: str, file_sd: str | Path, alertmanager: str | None,
-                      interval: float | None, rule_files: Sequence[str]) -> str:
+                      interval: float | None, rule_files: Sequence[str],
+                      itself: str | None = None) -> str:
     """The shipped prometheus.yml: its file_sd job on `file_sd`, at `interval` seconds (None:
-    the shipped intervals), alerts to `alertmanager` (None: nowhere)."""
+    the shipped intervals), alerts to `alertmanager` (None: nowhere), and with `itself`
+    (host:port) its `prometheus` job scraping itself there."""
     config = yaml.safe_load(text)
     if interval is not None:
         every = f"{interval:g}s"
@@ -47,7 +49,9 @@ def prometheus_config(text: str, file_sd: str | Path, alertmanager: str | None,
         config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
     job = next(j for j in config["scrape_configs"] if j["job_name"] == FILE_SD_JOB)
     job["file_sd_configs"] = [{"files": [str(file_sd)], "refresh_interval": "30s"}]
-    config["scrape_configs"] = [job]
+    own = [{**j, "static_configs": [{"targets": [itself]}]} for j in config["scrape_configs"]
+           if j["job_name"] == SELF_JOB and itself is not None]
+    config["scrape_configs"] = [job, *own]
     return yaml.safe_dump(config, sort_keys=False)
 
 
@@ -136,11 +140,12 @@ class SimStack(AlertingStack):
         try:
             alertmanager = self.start_alertmanager()
             rule_files = write_rules(self.workdir / "prometheus", self.rules)
+            port = free_port()
             self.prometheus = Prometheus(
                 prometheus_config(self.files["prometheus"], self.file_sd,
                                   f"127.0.0.1:{alertmanager.port}", self.interval_seconds,
-                                  [p.name for p in rule_files]),
-                workdir=self.workdir / "prometheus").start()
+                                  [p.name for p in rule_files], itself=f"127.0.0.1:{port}"),
+                workdir=self.workdir / "prometheus", port=port).start()
             if self.shipped_cost:
                 shipped_rules = write_rules(self.workdir / "prometheus-shipped", RulesConfig())
                 self.shipped = Prometheus(

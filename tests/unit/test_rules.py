@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mfotel.alerting import rules
+from mfotel.alerting import rule_health, rules
 from mfotel.cli import main as cli_main
 from mfotel.contract import COMMON_LABELS, CONTRACT
 from mfotel.localstack.servers import find_binary
@@ -41,6 +41,9 @@ RANK_OR_JOB_ALERTS = frozenset({"MindFormersTrainingStalled"})
 #: The pages of a cascade's culprit (mfotel.alerting.cascade): they carry a stacks_url.
 CULPRIT_ALERTS = frozenset({"MindFormersTrainingStalled", "MindFormersRankFailed",
                             "MindFormersRankExited", "MindFormersRankDown"})
+#: Alerts on a rule evaluator (mfotel.alerting.rule_health): per evaluator and rule group, no
+#: job (one evaluator serves every job whose ranks it holds).
+EVALUATOR_ALERTS = frozenset(rule_health.ALERTS)
 
 INSTALL = {"promtool": "apt-get install prometheus",
            "amtool": "apt-get install prometheus-alertmanager"}
@@ -200,11 +203,14 @@ def test_alert_follows_mixin_conventions(rule: dict) -> None:
     extra = {"stacks_url"} if rule["alert"] in CULPRIT_ALERTS else set()
     assert set(annotations) == {"summary", "description", "runbook_url", *extra}
     assert "{{" not in annotations["summary"], "summary must be static"
-    assert "$labels.job_name" in annotations["description"]
-    if rule["alert"] in JOB_LEVEL_ALERTS:
-        assert "$labels.rank" not in annotations["description"], "job-level alert names a rank"
+    description = annotations["description"]
+    if rule["alert"] in EVALUATOR_ALERTS:   # an evaluator and its group, no job
+        assert set(re.findall(r"\$labels\.(\w+)", description)) == {"instance", "rule_group"}
+    elif rule["alert"] in JOB_LEVEL_ALERTS:
+        assert "$labels.job_name" in description
+        assert "$labels.rank" not in description, "job-level alert names a rank"
     else:
-        assert "$labels.rank" in annotations["description"]
+        assert "$labels.job_name" in description and "$labels.rank" in description
     if rule["alert"] in RANK_OR_JOB_ALERTS:
         assert "{{ if $labels.rank }}" in annotations["description"], "says which it is"
     base, _, anchor = annotations["runbook_url"].partition("#")
@@ -267,8 +273,12 @@ def test_firing_cases_check_labels_and_annotations() -> None:
             for case in test.get("alert_rule_test", []):
                 for alert in case.get("exp_alerts") or []:
                     where = f"{path.name}: {test.get('name')} @ {case['eval_time']}"
-                    assert {"severity", "job_name"} <= set(alert["exp_labels"]), where
-                    if case["alertname"] not in RANK_OR_JOB_ALERTS:
+                    if case["alertname"] in EVALUATOR_ALERTS:
+                        assert set(alert["exp_labels"]) == {
+                            "severity", "instance", "rule_group"}, where
+                    else:
+                        assert {"severity", "job_name"} <= set(alert["exp_labels"]), where
+                    if case["alertname"] not in RANK_OR_JOB_ALERTS | EVALUATOR_ALERTS:
                         job_level = case["alertname"] in JOB_LEVEL_ALERTS
                         assert ("rank" in alert["exp_labels"]) != job_level, where
                     extra = {"stacks_url"} if case["alertname"] in CULPRIT_ALERTS else set()
@@ -330,9 +340,11 @@ def test_rules_group_by_contract_labels_only() -> None:
     # the contract's labels (rank_info's world_size, nonfinite_total's metric, ...) and
     # Prometheus' target and histogram labels
     allowed = set(COMMON_LABELS) | {label for spec in CONTRACT for label in spec.labels} | {
-        "job", "instance", "le", "namespace", "pod_name", "how", "run_id", "category"} | {
+        "job", "instance", "le", "namespace", "pod_name", "how", "run_id", "category",
+        "rule_group"} | {
         # + rank_info's Kubernetes labels and run identity, `how` a rank left the healthy state
-        # (the cascade records make it), a goodput `category` (the goodput records make it)
+        # (the cascade records make it), a goodput `category` (the goodput records make it),
+        # an evaluator's `rule_group` (Prometheus' own; vmalert's `group` relabelled)
         label for series in NODE_SERIES for label in series.labels}  # + the node agent's
     for rule in alert_rules() + recording_rules():
         for clause in re.findall(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)", rule["expr"]):

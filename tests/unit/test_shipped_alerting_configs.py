@@ -15,7 +15,7 @@ import yaml
 
 from mfotel.alerting import rules
 from mfotel.alerting.fastpage import loss_alert
-from mfotel.localstack.alerting import operator_prometheus_config, shipped_files
+from mfotel.localstack.alerting import SELF_JOB, operator_prometheus_config, shipped_files
 from mfotel.localstack.servers import find_binary
 from tests.support.paths import ROOT
 
@@ -38,6 +38,27 @@ def test_shipped_prometheus_yml_loads_with_only_the_intervals_lowered(tmp_path: 
     ours = yaml.safe_load(operator_prometheus_config(files["prometheus"], ["127.0.0.1:1"],
                                                      "127.0.0.1:2"))
     assert ours["global"] == config["global"] and ours["rule_files"] == config["rule_files"]
+    wired = yaml.safe_load(operator_prometheus_config(files["prometheus"], ["127.0.0.1:1"],
+                                                      "127.0.0.1:2", itself="127.0.0.1:3"))
+    assert _self_targets(wired) == ["127.0.0.1:3"]
+
+
+def _self_targets(config: dict[str, Any]) -> list[str]:
+    return [target for job in config["scrape_configs"] if job["job_name"] == SELF_JOB
+            for static in job.get("static_configs", []) for target in static["targets"]]
+
+
+@pytest.mark.parametrize("path", [
+    "prometheus/prometheus.yml", "docker/prometheus.yml",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples" / "prometheus").glob("*.yml")
+            if "rule_files" in yaml.safe_load(p.read_text()))])
+def test_every_prometheus_evaluating_the_rules_scrapes_itself(path: str) -> None:
+    """MindFormersRuleFailures and MindFormersMissingRuleEvaluations (rule_health) read the
+    evaluator's own counters: without its own scrape, a rule failing to evaluate is silent."""
+    config = yaml.safe_load((ROOT / path).read_text())
+    assert config["rule_files"], path
+    [target] = _self_targets(config)
+    assert target.endswith(":9090"), (path, target)
 
 
 def _route(config: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
