@@ -102,7 +102,7 @@ def test_promtool_check_config_accepts_the_example_prometheus_yml() -> None:
 
 def test_amtool_check_config_accepts_the_example_alertmanager_yml() -> None:
     out = run_tool("amtool", "check-config", str(ALERTMANAGER_YML)).stdout
-    assert "SUCCESS" in out and "4 inhibit rules" in out
+    assert "SUCCESS" in out and "5 inhibit rules" in out
 
 
 def test_rules_with_a_custom_selector_and_thresholds_are_valid(tmp_path: Path) -> None:

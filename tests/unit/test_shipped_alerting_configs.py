@@ -7,17 +7,26 @@ The running stack with these files is tested in tests/e2e/test_alerting_e2e.py.
 from __future__ import annotations
 
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from mfotel.alerting import rules
+from mfotel.alerting import rule_health, rules
 from mfotel.alerting.fastpage import loss_alert
-from mfotel.localstack.alerting import SELF_JOB, operator_prometheus_config, shipped_files
-from mfotel.localstack.servers import find_binary
+from mfotel.assets import alertmanager_files, write_files
+from mfotel.localstack.alerting import (
+    SELF_JOB,
+    operator_alertmanager_config,
+    operator_prometheus_config,
+    shipped_files,
+)
+from mfotel.localstack.servers import Alertmanager, find_binary
+from tests.support import http
 from tests.support.paths import ROOT
+from tests.support.waiting import settle, wait_for
 
 
 def test_shipped_prometheus_yml_loads_with_only_the_intervals_lowered(tmp_path: Path) -> None:
@@ -96,3 +105,30 @@ def test_the_fast_path_alert_has_the_rules_labels():
     assert alert["labels"] == {"alertname": "MindFormersLossNotFinite", "severity": "critical",
                                "job_name": "llama", "rank": "3"}
     assert alert["annotations"]["runbook_url"].endswith("#mindformerslossnotfinite")
+
+
+def test_a_store_outage_mutes_the_global_rulers_rule_failures_not_a_prometheus(tmp_path):
+    """A real Alertmanager with the shipped config: MindFormersStoreDown (the sharded
+    topology's store) mutes MindFormersRuleFailures of the global ruler's groups (vmalert
+    names a group alone: every query of it fails with the store) but not of a Prometheus'
+    own groups (named "<file>;<group>"), which fail on their own."""
+    write_files(alertmanager_files(), tmp_path)  # the templates beside the config
+    config = operator_alertmanager_config(shipped_files()["alertmanager"],
+                                          "http://127.0.0.1:9/alerts")
+    now = datetime.now(timezone.utc).isoformat()
+    failing = {"alertname": rule_health.FAILURES, "severity": "critical"}
+    alerts = [{"labels": labels, "startsAt": now} for labels in (
+        {"alertname": "MindFormersStoreDown", "severity": "critical",
+         "mfotel_component": "store", "instance": "vm:8428"},
+        {**failing, "instance": "vmalert:8880", "rule_group": "mindformers-cascade.rules"},
+        {**failing, "instance": "prom-0:9090",
+         "rule_group": "/etc/prometheus/rules/mindformers-scraper.yml;mindformers-loss.rules"})]
+    with Alertmanager(config, workdir=tmp_path) as alertmanager:
+        assert http.post(f"{alertmanager.url}/api/v2/alerts", alerts).status == 200
+        muted = wait_for(lambda: {a["labels"].get("rule_group", a["labels"]["alertname"]):
+                                  bool(a["status"]["inhibitedBy"])
+                                  for a in alertmanager.alerts()} or None,
+                         settle(1), 0.2, "the alerts in Alertmanager")
+    assert muted == {"MindFormersStoreDown": False, "mindformers-cascade.rules": True,
+                     "/etc/prometheus/rules/mindformers-scraper.yml;mindformers-loss.rules":
+                         False}
