@@ -16,11 +16,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from mfotel.alerting import rule_health
 from mfotel.alerting.rules import write_rules
-from mfotel.localstack.alerting import shipped_files
+from mfotel.localstack.alerting import SELF_JOB, shipped_files
 from mfotel.localstack.servers import Prometheus, free_port, http_get_json
 from mfotel.simulation.stack import prometheus_config
 from tests.support.restart_sim import TIMING, restart_run
@@ -28,8 +29,10 @@ from tests.support.waiting import settle, wait_for
 
 pytestmark = pytest.mark.slow
 
-#: Below what the step-time and exporter records load for 8 ranks, above the health alerts'.
+#: Below what the step-time and exporter records load for 8 ranks, above the health alerts'
+#: (Prometheus counts the points of one series in a range, plus the result so far).
 MAX_SAMPLES = 150
+SELF_SCRAPE_SECONDS = 5
 #: Another team's group in the same Prometheus, failing as well: theirs to alert on.
 THEIRS = """groups:
 - name: team.rules
@@ -56,15 +59,25 @@ def _counted(prom: Prometheus) -> set[str]:
             if s.name == "prometheus_rule_evaluation_failures_total" and s.value > 0}
 
 
+def _ours(groups: set[str]) -> set[str]:
+    return {g for g in groups if g.split(";")[1].startswith(("mindformers-", "mfotel-"))}
+
+
 def test_rule_failures_pend_for_the_failing_groups_named_by_their_prometheus(tmp_path: Path):
     planned = restart_run(tmp_path, "rh")
     rules = write_rules(tmp_path / "rules")
     (tmp_path / "rules" / "team.yml").write_text(THEIRS)
     files = [*rules, tmp_path / "rules" / "team.yml"]
     port = free_port()
-    config = prometheus_config(shipped_files()["prometheus"], tmp_path / "targets" / "*.json",
-                               None, 1.0, [p.name for p in files], itself=f"127.0.0.1:{port}")
-    prom = Prometheus(config, rule_files=files, workdir=tmp_path / "prometheus", port=port,
+    config = yaml.safe_load(prometheus_config(
+        shipped_files()["prometheus"], tmp_path / "targets" / "*.json", None, 1.0,
+        [p.name for p in files], itself=f"127.0.0.1:{port}"))
+    # itself every 5 s: its counters' 5m windows stay below MAX_SAMPLES however long the test
+    # takes (a series' points in one window count; at 1 s they pass 150 after 2.5 minutes)
+    [own] = [job for job in config["scrape_configs"] if job["job_name"] == SELF_JOB]
+    own["scrape_interval"] = own["scrape_timeout"] = f"{SELF_SCRAPE_SECONDS}s"
+    prom = Prometheus(yaml.safe_dump(config), rule_files=files, workdir=tmp_path / "prometheus",
+                      port=port,
                       extra_args=[f"--query.max-samples={MAX_SAMPLES}"]).start()
     try:
         planned.go()
@@ -76,19 +89,20 @@ def test_rule_failures_pend_for_the_failing_groups_named_by_their_prometheus(tmp
             return {a["metric"]["rule_group"] for a in alerts}
 
         # the sim's ranks start, are scraped, and a few evaluations fail (before the restart)
-        wait_for(pending, settle(TIMING.startup_seconds + 10), 0.5,
+        wait_for(pending, settle(TIMING.startup_seconds + 10 + SELF_SCRAPE_SECONDS), 0.5,
                  "a failing mfotel group's alert")
         time.sleep(3)   # more evaluations: every group that fails has failed by now
-        counted = _counted(prom)
-        alerted = pending()
-        ours = {g for g in counted if g.split(";")[1].startswith(("mindformers-", "mfotel-"))}
-        assert ours and seen <= counted, (seen, counted)
+        ours = _ours(_counted(prom))
+        assert ours and seen <= _counted(prom), (seen, ours)
         assert f"{tmp_path / 'prometheus'}/team.yml;team.rules" in seen, seen
-        assert not any(g.endswith(";" + rule_health.GROUP) for g in counted), \
+        # each failing group of mfotel pends (once Prometheus scraped its own count), named by
+        # group and by this Prometheus; no other
+        wait_for(lambda: pending() >= ours, settle(2 * SELF_SCRAPE_SECONDS), 0.5,
+                 f"{rule_health.FAILURES} of every failing mfotel group")
+        alerted = pending()
+        assert ours <= alerted <= _ours(_counted(prom)), (alerted, ours)
+        assert not any(g.endswith(";" + rule_health.GROUP) for g in _counted(prom)), \
             f"the health alerts' own group fails at {MAX_SAMPLES} samples: raise MAX_SAMPLES"
-        # each failing group of mfotel pends, named by group and by this Prometheus; no other
-        # (a group failing since the last read may pend at the next evaluation: read again)
-        assert alerted <= ours and (alerted == ours or pending() >= ours), (alerted, ours)
         alerts = prom.query(f'ALERTS{{alertname="{rule_health.FAILURES}"}}')
         assert {(a["metric"]["instance"], a["metric"]["alertstate"], a["metric"]["severity"])
                 for a in alerts} == {(f"127.0.0.1:{port}", "pending", "critical")}
