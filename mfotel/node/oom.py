@@ -70,7 +70,7 @@ class OomLedger:
         told = self._told.get(counts.file)
         if told is not None and told > after:
             told = None  # a count that went down: a new cgroup at that path
-        floor = max(before, told if told is not None else before)
+        floor = before if told is None else max(before, told)
         if after <= floor:
             return False
         self._told[counts.file] = floor + 1
