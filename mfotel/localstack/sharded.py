@@ -86,9 +86,12 @@ def shard_config(shipped: str, shard: int, shards: int, file_sd: str | Path,
         {"job_name": f"mfotel-{name}",
          "static_configs": [{"targets": [address], "labels": {COMPONENT_LABEL: name}}]}
         for name, address in components.items()]
+    # the shard's own metrics stay with it (its rule alerts read them there)
     config["remote_write"] = [{"url": f"{store}/api/v1/write",
                                "queue_config": {"batch_send_deadline": f"{REMOTE_WRITE_SECONDS:g}s",
-                                                "max_samples_per_send": 2000}}]
+                                                "max_samples_per_send": 2000},
+                               "write_relabel_configs": [{"source_labels": ["job"],
+                                                          "regex": SELF_JOB, "action": "drop"}]}]
     return yaml.safe_dump(config, sort_keys=False)
 
 

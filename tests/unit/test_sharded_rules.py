@@ -218,6 +218,8 @@ def test_the_example_shard_config_is_the_tested_topology_and_promtool_accepts_it
         assert ours["static_configs"] == theirs["static_configs"]
     assert shipped["remote_write"][0]["url"] == tested["remote_write"][0]["url"]
     assert shipped["remote_write"][0]["queue_config"] == tested["remote_write"][0]["queue_config"]
+    assert shipped["remote_write"][0]["write_relabel_configs"] == \
+        tested["remote_write"][0]["write_relabel_configs"]
 
 
 def test_the_repository_copies_beside_the_example_are_the_rendered_rules():
