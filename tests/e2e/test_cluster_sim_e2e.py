@@ -111,8 +111,10 @@ def test_shards_split_the_cluster_by_job_never_a_job_by_rank(tmp_path):
                                                          2) == n} for n in range(2)}
     found: dict[str, set[str]] = {}
     for shard in ("0", "1"):
-        config = dict(shipped, rule_files=[], alerting={"alertmanagers": []})
-        [job] = config["scrape_configs"]
+        # the ranks' job alone (the example also scrapes Prometheus itself)
+        [job] = [j for j in shipped["scrape_configs"] if j["job_name"] == "mindformers"]
+        config = dict(shipped, rule_files=[], alerting={"alertmanagers": []},
+                      scrape_configs=[job])
         job["file_sd_configs"][0]["files"] = [str(tmp_path / "targets" / "*.json")]
         job["relabel_configs"][0]["modulus"] = 2
         job["relabel_configs"][1]["regex"] = shard

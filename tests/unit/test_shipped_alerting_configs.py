@@ -59,8 +59,8 @@ def _self_targets(config: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("path", [
     "prometheus/prometheus.yml", "docker/prometheus.yml",
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples" / "prometheus").glob("*.yml")
-            if "rule_files" in yaml.safe_load(p.read_text()))])
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.yml")
+            if {"rule_files", "scrape_configs"} <= set(yaml.safe_load(p.read_text()) or {}))])
 def test_every_prometheus_evaluating_the_rules_scrapes_itself(path: str) -> None:
     """MindFormersRuleFailures and MindFormersMissingRuleEvaluations (rule_health) read the
     evaluator's own counters: without its own scrape, a rule failing to evaluate is silent."""
