@@ -298,9 +298,11 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
         # the earliest start of the run's processes
         {"record": PROCESS_START,
          "expr": f"min by ({RUN}) (\n{indent(of_run(cfg, start))}\n)"},
-        # the ranks this evaluation reads, and the most read at once over the run window:
-        # the run's ranks, whose mean the categories are
-        {"record": RANKS_SEEN, "expr": f"count by ({RUN}) (\n{indent(of_run(cfg, start))}\n)"},
+        # the ranks this evaluation reads (each once: a rank in two scrape jobs is one rank),
+        # and the most read at once over the run window: the run's ranks, whose mean the
+        # categories are
+        {"record": RANKS_SEEN, "expr": f"count by ({RUN}) (\n"
+                                       f"{indent(by_rank(of_run(cfg, start), f'{RUN}, rank'))}\n)"},
         {"record": RANKS, "expr": f"max_over_time({RANKS_SEEN}[{w}])"},
         {"record": LAST_EVENT,
          "expr": f"avg by ({RUN}) (\n{indent(of_run(cfg, last_event))}\n)"},
@@ -318,7 +320,8 @@ def goodput_records(cfg: RulesConfig) -> list[dict[str, Any]]:
                  f"{INTERVAL})"},
         # the mean of the ranks' downtime before their new process
         {"record": DOWNTIME,
-         "expr": f"sum by ({RUN}) (\n{indent(rank_downtime)}\n)\n/ {RANKS_SEEN}\n"
+         "expr": f"sum by ({RUN}) (\n{indent(by_rank(rank_downtime, f'{RUN}, rank'))}\n)\n"
+                 f"/ {RANKS_SEEN}\n"
                  f"or\n{PROCESS_START} * 0"},
         {"record": HIGH_WATER, "expr": high_water},
         # each rank's steps of the minute at or below the mark, averaged like the steps

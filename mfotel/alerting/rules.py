@@ -123,20 +123,23 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                  m("mindformers_train_steps_total"))
     step = m("mindformers_train_step")
     w = cfg.step_interval_window
+    # each rank once (by_rank): a target in two scrape jobs has each of its series twice, and
+    # the job's numbers stay the job's (MindFormersRankDuplicated warns)
+    samples, tokens = (f"rate({m('mindformers_train_samples_total')}[1m])",
+                       f"rate({m('mindformers_train_tokens_total')}[1m])")
     throughput = [
-        {"record": SAMPLES_RATE,
-         "expr": f"sum by (job_name) (rate({m('mindformers_train_samples_total')}[1m]))"},
-        {"record": TOKENS_RATE,
-         "expr": f"sum by (job_name) (rate({m('mindformers_train_tokens_total')}[1m]))"},
+        {"record": SAMPLES_RATE, "expr": f"sum by (job_name) (\n  {by_rank(samples)}\n)"},
+        {"record": TOKENS_RATE, "expr": f"sum by (job_name) (\n  {by_rank(tokens)}\n)"},
         {"record": STEPS_RATE,
-         "expr": f"avg by (job_name) (rate({steps}[1m]))"},
+         "expr": f"avg by (job_name) (\n  {by_rank(f'rate({steps}[1m])')}\n)"},
     ]
+    bucket_rate = f"rate({m(dur + '_bucket')}[1m])"
     step_time = [
         {"record": STEP_MEAN,
          "expr": (f"sum by (job_name, rank) (rate({m(dur + '_sum')}[1m]))\n"
                   f"/\nsum by (job_name, rank) (rate({m(dur + '_count')}[1m]))")},
         {"record": STEP_BUCKET_RATE,
-         "expr": f"sum by (job_name, le) (rate({m(dur + '_bucket')}[1m]))"},
+         "expr": f"sum by (job_name, le) (\n  {by_rank(bucket_rate, 'job_name, rank, le')}\n)"},
         *({"record": STEP_QUANTILE, "expr": f"histogram_quantile({q}, {STEP_BUCKET_RATE})",
            "labels": {"quantile": q}} for q in STEP_QUANTILES),
         # `>= 0` drops the NaN of ranks with only the +Inf bucket (cardinality health)
@@ -153,10 +156,11 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
          "expr": (f"sum by (job_name, rank) ({ts} - min_over_time({ts}[{w}]))\n"
                   f"/\nsum by (job_name, rank) ({steps} - min_over_time({steps}[{w}]))")},
     ]
-    ranks = [
+    status = m("mindformers_train_status")
+    ranks = [   # each rank once (a rank restarted elsewhere may show its old status a while)
         {"record": RANKS_RUNNING,
-         "expr": f"count by (job_name) ({m('mindformers_train_status')} == {STATUS_RUNNING})"},
-        {"record": RANKS, "expr": f"count by (job_name) ({m('mindformers_train_status')})"},
+         "expr": f"count by (job_name) (\n  {by_rank(f'{status} == {STATUS_RUNNING}')}\n)"},
+        {"record": RANKS, "expr": f"count by (job_name) (\n  {by_rank(status)}\n)"},
         # distinct ranks: a restarted rank's rank_info (new attempt label) may overlap the old
         # one's until it expires (OTLP push through a collector)
         {"record": RANKS_REPORTING,
@@ -166,7 +170,8 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
          "expr": (f"max by (job_name) ({step})\n- on (job_name) group_right ()\n"
                   f"max by (job_name, rank) ({step})")},
         {"record": RANKS_BY_STATUS,
-         "expr": f"count_values by (job_name) (\"status\", {m('mindformers_train_status')})"},
+         "expr": f"count by (job_name, status) (\n"
+                 f"  count_values by (job_name, rank) (\"status\", {status})\n)"},
         {"record": JOB_PROGRESS,
          "expr": f"min by (job_name) ({m('mindformers_train_progress_ratio')})"},
     ]
@@ -182,9 +187,10 @@ def recording_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
         {"record": loss_median_record(cfg),
          "expr": f"quantile by (job_name) (0.5, {loss_mean_record(cfg)})"},
     ]
+    errors = f"increase({m('mfotel_export_errors_total')}[1m])"
     exporter = [
         {"record": EXPORT_ERRORS,
-         "expr": f"sum by (job_name, stage) (increase({m('mfotel_export_errors_total')}[1m]))"},
+         "expr": f"sum by (job_name, stage) (\n  {by_rank(errors, 'job_name, rank, stage')}\n)"},
     ]
     return [{"name": "mindformers-throughput.rules", "rules": throughput},
             {"name": "mindformers-step-time.rules", "rules": step_time},
@@ -511,8 +517,8 @@ RANK_DUPLICATED_FOR = "5m"
 
 def _rank_duplicated(cfg: RulesConfig) -> dict[str, Any]:
     """A (job_name, rank) on two or more targets: one target in two scrape jobs, or two runs
-    sharing a job_name. The rules evaluate then (tests/unit/test_duplicate_targets.py), but a
-    job's sums count the rank once per target and its pages come once per target."""
+    sharing a job_name. The rules evaluate then and the records count the rank once
+    (tests/unit/test_duplicate_targets.py), but its pages come once per target."""
     status = cfg.m("mindformers_train_status")
     # (sorted by address and job: one label, as the query's order of ties varies)
     targets = ("{{ range $i, $e := printf \"label_join(mindformers_train_status{job_name='%s',"
@@ -524,10 +530,10 @@ def _rank_duplicated(cfg: RulesConfig) -> dict[str, Any]:
         cfg, "MindFormersRankDuplicated",
         f"count by (job_name, rank) ({status}) > 1", RANK_DUPLICATED_FOR, "warning",
         "A rank is exposed by more than one scrape target.",
-        f"{WHO} is exposed by {{{{ $value }}}} targets:" + targets + ". The job's sums (samples "
-        "and tokens per second, its ranks' counts) count it once per target, and a page about "
-        "it comes once per target. If one target is in two scrape jobs, keep one; if two runs "
-        "share the job_name, give each its own.")
+        f"{WHO} is exposed by {{{{ $value }}}} targets:" + targets + ". mfotel's records and "
+        "dashboards count it once, but a page about it comes once per target, and two runs "
+        "under one job_name mix their numbers. If one target is in two scrape jobs, keep one; "
+        "if two runs share the job_name, give each its own.")
 
 
 # ---------------------------------------------------------------- rendering

@@ -232,8 +232,8 @@ divergence = Row("Divergence across ranks", (
 
 exporter = Row("mfotel exporter", (
     Panel("Export errors", "none", (
-        Target(f"sum by (job_name, stage) "
-               f"(increase({sel('mfotel_export_errors_total')}{_RATE}))",
+        Target(f"sum by (job_name, stage) (max by (job_name, rank, stage) "
+               f"(increase({sel('mfotel_export_errors_total')}{_RATE})))",
                "{{job_name}} {{stage}}"),
     ), description="Errors mfotel swallowed to protect training, by stage."),
     Panel("Rank identity", "none", (

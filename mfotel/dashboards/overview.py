@@ -102,12 +102,12 @@ optimisation = Row("Loss and optimisation", (
 speed = Row("Throughput and step time", (
     Panel("Samples per second", _SAMPLES_PER_S, (
         Target(f"sum by (job_name) ({sel(_SAMPLES_RULE, rank=False)})", "{{job_name}} total"),
-        *rank_lines(f"sum by (job_name, rank) "
+        *rank_lines(f"max by (job_name, rank) "
                     f"(rate({sel('mindformers_train_samples_total')}{_RATE}))"),
     ), description="From the sample counters: the job total (1m) and each rank."),
     Panel("Tokens per second", _TOKENS_PER_S, (
         Target(f"sum by (job_name) ({sel(_TOKENS_RULE, rank=False)})", "{{job_name}} total"),
-        *rank_lines(f"sum by (job_name, rank) "
+        *rank_lines(f"max by (job_name, rank) "
                     f"(rate({sel('mindformers_train_tokens_total')}{_RATE}))"),
     ), needs="the sequence length (read from the run or set in the monitor config)"),
     Panel("Step time quantiles", "s", (

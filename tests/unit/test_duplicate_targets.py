@@ -5,8 +5,9 @@ No rule may fail to evaluate then: a rule whose evaluation fails ("found duplica
 the match group") records and pages nothing, for every job of that Prometheus, not only the
 doubled one, and says so only in Prometheus' log. Every promtool test of prometheus/tests is
 run with each of its input series doubled under a second job: each page comes as with one
-scrape (the same rank, the same annotations), beside its twin labelled with the other job.
-(The job-level sums of the recording rules count such a rank twice: docs/alerting.md.)
+scrape (the same rank, the same annotations), beside its twin labelled with the other job, and
+every recorded value is as with one scrape (a job's samples per second, its ranks' counts, its
+goodput count each rank once), beside its twin where the record keeps the scrape job.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ TESTS_DIR = ROOT / "prometheus" / "tests"
 JOB, AGAIN = "mindformers", "mindformers-again"
 DUPLICATED = "MindFormersRankDuplicated"
 _SCRAPE_JOB = re.compile(rf'(?<!\w)job="{JOB}"')
+#: A recording rule's name, with matchers: what a promql_expr_test of a record reads (the other
+#: cases query raw series themselves, and count a doubled rank twice as any query would).
+_RECORD = re.compile(r"[a-z_]+:[a-z_]+:[a-z0-9_]+(\{.*\})?")
 
 
 def _again(series: str) -> str | None:
@@ -35,9 +39,8 @@ def _again(series: str) -> str | None:
 
 def doubled(document: dict[str, Any], folder: Path) -> dict[str, Any]:
     """The promtool test `document` (of prometheus/tests) with each input series also scraped
-    by the job AGAIN, each expected alert of a rank's series with its twin, and neither
-    promql_expr_test (a record summing a job's series counts the rank twice) nor DUPLICATED's
-    cases."""
+    by the job AGAIN, each expected alert and recorded sample of a rank's series with its twin,
+    without DUPLICATED's cases and the promql_expr_tests that query raw series (not _RECORD)."""
     tests = []
     for test in document["tests"]:
         series = []
@@ -56,8 +59,19 @@ def doubled(document: dict[str, Any], folder: Path) -> dict[str, Any]:
                 if alert["exp_labels"].get("job") == JOB:
                     alerts.append({**alert, "exp_labels": {**alert["exp_labels"], "job": AGAIN}})
             cases.append({**case, "exp_alerts": alerts})
-        tests.append({k: v for k, v in test.items() if k != "promql_expr_test"}
-                     | {"input_series": series, "alert_rule_test": cases})
+        records = []
+        for case in test.get("promql_expr_test", []):
+            if not _RECORD.fullmatch(case["expr"]):
+                continue
+            samples = []
+            for sample in case.get("exp_samples") or []:
+                samples.append(sample)
+                twin = _again(sample.get("labels", ""))
+                if twin is not None:
+                    samples.append({**sample, "labels": twin})
+            records.append({**case, "exp_samples": samples})
+        tests.append(test | {"input_series": series, "alert_rule_test": cases,
+                             "promql_expr_test": records})
     rule_files = [str((folder / name).resolve()) for name in document["rule_files"]]
     return {**document, "rule_files": rule_files, "tests": tests}
 
@@ -66,14 +80,23 @@ def test_the_doubling_doubles_the_series_and_the_pages_of_a_rank() -> None:
     document = {"rule_files": ["../rules/a.yml"], "tests": [{
         "input_series": [{"series": f'x{{job="{JOB}", job_name="j", rank="0"}}', "values": "1"},
                          {"series": 'y{job_name="j"}', "values": "2"}],
-        "promql_expr_test": [{"expr": "x", "eval_time": "0s", "exp_samples": []}],
+        "promql_expr_test": [
+            {"expr": "x", "eval_time": "0s", "exp_samples": []},
+            {"expr": 'a:b:c{job_name="j"}', "eval_time": "0s", "exp_samples": [
+                {"labels": f'a:b:c{{job="{JOB}", job_name="j"}}', "value": 1},
+                {"labels": 'a:b:c{job_name="j"}', "value": 2}]}],
         "alert_rule_test": [{"eval_time": "1m", "alertname": "A", "exp_alerts": [
             {"exp_labels": {"job": JOB, "rank": "0"}}, {"exp_labels": {"job_name": "j"}}]}]}]}
     [test] = doubled(document, Path("/t/tests"))["tests"]
     assert [s["series"] for s in test["input_series"]] == [
         f'x{{job="{JOB}", job_name="j", rank="0"}}', f'x{{job="{AGAIN}", job_name="j", rank="0"}}',
         'y{job_name="j"}']
-    assert "promql_expr_test" not in test
+    # a record's samples with their twins; a query of raw series dropped
+    assert test["promql_expr_test"] == [
+        {"expr": 'a:b:c{job_name="j"}', "eval_time": "0s", "exp_samples": [
+            {"labels": f'a:b:c{{job="{JOB}", job_name="j"}}', "value": 1},
+            {"labels": f'a:b:c{{job="{AGAIN}", job_name="j"}}', "value": 1},
+            {"labels": 'a:b:c{job_name="j"}', "value": 2}]}]
     assert [a["exp_labels"] for a in test["alert_rule_test"][0]["exp_alerts"]] == [
         {"job": JOB, "rank": "0"}, {"job": AGAIN, "rank": "0"}, {"job_name": "j"}]
 

@@ -341,10 +341,11 @@ def test_rules_group_by_contract_labels_only() -> None:
     # Prometheus' target and histogram labels
     allowed = set(COMMON_LABELS) | {label for spec in CONTRACT for label in spec.labels} | {
         "job", "instance", "le", "namespace", "pod_name", "how", "run_id", "category",
-        "rule_group"} | {
+        "rule_group", "status"} | {
         # + rank_info's Kubernetes labels and run identity, `how` a rank left the healthy state
         # (the cascade records make it), a goodput `category` (the goodput records make it),
-        # an evaluator's `rule_group` (Prometheus' own; vmalert's `group` relabelled)
+        # an evaluator's `rule_group` (Prometheus' own; vmalert's `group` relabelled), the
+        # `status` count_values makes of a rank's status
         label for series in NODE_SERIES for label in series.labels}  # + the node agent's
     for rule in alert_rules() + recording_rules():
         for clause in re.findall(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)", rule["expr"]):
