@@ -345,7 +345,7 @@ def alerting_rules(cfg: RulesConfig) -> list[dict[str, Any]]:
                + f" steps) behind the job's leading rank (threshold {cfg.step_drift_seconds}s): "
                "ranks that should step together have drifted apart."),
     ]
-    health += [_checkpoint_too_old(cfg), _rank_duplicated(cfg)]
+    health += [_checkpoint_too_old(cfg), _rank_duplicated(cfg), _export_failing(cfg)]
     return [{"name": "mindformers-health.alerts", "rules": health},
             {"name": "mindformers-dynamics.alerts", "rules": dynamics},
             {"name": "mindformers-performance.alerts", "rules": performance},
@@ -534,6 +534,32 @@ def _rank_duplicated(cfg: RulesConfig) -> dict[str, Any]:
         "dashboards count it once, but a page about it comes once per target, and two runs "
         "under one job_name mix their numbers. If one target is in two scrape jobs, keep one; "
         "if two runs share the job_name, give each its own.")
+
+
+#: How long a stage of mfotel's export must keep failing (an error in every 5 minutes) before
+#: it warns: a collector restarting or a disk briefly full is not a ticket.
+EXPORT_FAILING_FOR, EXPORT_FAILING_WINDOW = "15m", "5m"
+
+
+def _export_failing(cfg: RulesConfig) -> dict[str, Any]:
+    """A stage of mfotel's export (mfotel_export_errors_total{stage}) that keeps failing on a
+    job's ranks: training goes on (the errors are swallowed, each stage warned about once in
+    the rank's log), but what that stage delivers is missing. One alert per job and stage."""
+    errors = by_rank(f"increase({cfg.m('mfotel_export_errors_total')}"
+                     f"[{EXPORT_FAILING_WINDOW}])", "job_name, rank, stage")
+    ranks = query_value(f"count(max by (rank) (increase(mfotel_export_errors_total{{job_name="
+                        f"'%s',stage='%s'}}[{EXPORT_FAILING_WINDOW}])) > 0)",
+                        "job_name", "stage")
+    return alert(
+        cfg, "MindFormersExportFailing",
+        f"sum by (job_name, stage) (\n  {errors}\n) > 0", EXPORT_FAILING_FOR, "warning",
+        "A stage of mfotel's export keeps failing.",
+        f"{JOB}: mfotel's {{{{ $labels.stage }}}} stage failed {{{{ $value | printf \"%.0f\" }}}} "
+        f"time(s) in the last {EXPORT_FAILING_WINDOW} on " + ranks + " rank(s), and in every "
+        f"{EXPORT_FAILING_WINDOW} for {EXPORT_FAILING_FOR}. Training goes on (mfotel swallows "
+        "the errors and warned once in each rank's log), but what that stage delivers is "
+        "missing: otlp the pushed metrics, alertmanager the NaN fast path, sink the monitor "
+        "log, callback or extract the step's values.")
 
 
 # ---------------------------------------------------------------- rendering

@@ -35,7 +35,7 @@ ALERTMANAGER_YML = ROOT / "alertmanager" / "alertmanager.yml"
 #: their description names job_name only. Keep this list explicit and short.
 JOB_LEVEL_ALERTS = frozenset({"MindFormersRanksMissing", "MindFormersThroughputDrop",
                               "MindFormersGradNormNotFinite", "MindFormersGoodputLow",
-                              "MindFormersRestartStorm"})
+                              "MindFormersRestartStorm", "MindFormersExportFailing"})
 #: Alerts that name the rank(s) the others wait for, else the job when no rank stands out.
 RANK_OR_JOB_ALERTS = frozenset({"MindFormersTrainingStalled"})
 #: The pages of a cascade's culprit (mfotel.alerting.cascade): they carry a stacks_url.
