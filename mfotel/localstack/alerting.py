@@ -37,6 +37,14 @@ from .servers import (
 
 #: The shipped prometheus.yml's job scraping Prometheus itself (mfotel.alerting.rule_health).
 SELF_JOB = "prometheus"
+
+
+def self_scrape_job(config: dict[str, Any], address: str) -> dict[str, Any]:
+    """The `SELF_JOB` scrape job of a loaded prometheus.yml, pointed at `address` (host:port,
+    where that Prometheus listens: its rule-health alerts name it)."""
+    own = next(job for job in config["scrape_configs"] if job["job_name"] == SELF_JOB)
+    own["static_configs"] = [{"targets": [address]}]
+    return own
 #: What AlertingStack changes in the shipped files, in the words the demo prints.
 OPERATOR_CHANGES = (
     "prometheus.yml: scrape_interval and evaluation_interval {interval} (shipped: 15s), the "
@@ -81,8 +89,7 @@ def operator_prometheus_config(text: str, targets: Sequence[str], alertmanager: 
     job["static_configs"] = [{"targets": list(targets),
                               "labels": job["static_configs"][0].get("labels", {})}]
     if itself is not None:
-        own = next(j for j in config["scrape_configs"] if j["job_name"] == SELF_JOB)
-        own["static_configs"] = [{"targets": [itself]}]
+        self_scrape_job(config, itself)
     return yaml.safe_dump(config, sort_keys=False)
 
 

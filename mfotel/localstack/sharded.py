@@ -40,7 +40,12 @@ from ..alerting.sharded import (
     record_lag_seconds,
 )
 from ..assets import alertmanager_files, sharded_rule_files, write_files
-from .alerting import SELF_JOB, operator_alertmanager_config, shipped_files
+from .alerting import (
+    SELF_JOB,
+    operator_alertmanager_config,
+    self_scrape_job,
+    shipped_files,
+)
 from .servers import Alertmanager, Prometheus, _Server, free_port
 from .victoria import VictoriaMetrics, VMAlert
 
@@ -80,9 +85,7 @@ def shard_config(shipped: str, shard: int, shards: int, file_sd: str | Path,
         {"source_labels": ["__address__"], "modulus": shards, "target_label": "__tmp_shard",
          "action": "hashmod"},
         {"source_labels": ["__tmp_shard"], "regex": str(shard), "action": "keep"}]
-    own = next(j for j in config["scrape_configs"] if j["job_name"] == SELF_JOB)
-    own["static_configs"] = [{"targets": [itself]}]
-    config["scrape_configs"] = [job, own] + [
+    config["scrape_configs"] = [job, self_scrape_job(config, itself)] + [
         {"job_name": f"mfotel-{name}",
          "static_configs": [{"targets": [address], "labels": {COMPONENT_LABEL: name}}]}
         for name, address in components.items()]

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..alerting.receiver import AlertsReceiver
 from ..alerting.rules import RulesConfig, duration_seconds, write_rules
 from ..alerting.webhook import ReceivedAlert
-from ..localstack.alerting import SELF_JOB, AlertingStack
+from ..localstack.alerting import AlertingStack, self_scrape_job
 from ..localstack.servers import Prometheus, free_port, http_get_json
 
 FILE_SD_JOB = "mindformers-file-sd"
@@ -49,8 +49,7 @@ def prometheus_config(text: str, file_sd: str | Path, alertmanager: str | None,
         config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
     job = next(j for j in config["scrape_configs"] if j["job_name"] == FILE_SD_JOB)
     job["file_sd_configs"] = [{"files": [str(file_sd)], "refresh_interval": "30s"}]
-    own = [{**j, "static_configs": [{"targets": [itself]}]} for j in config["scrape_configs"]
-           if j["job_name"] == SELF_JOB and itself is not None]
+    own = [] if itself is None else [self_scrape_job(config, itself)]
     config["scrape_configs"] = [job, *own]
     return yaml.safe_dump(config, sort_keys=False)
 
